@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up a virtual environment (CPU torch first, so nothing pulls a CUDA build) and run the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e ".[test]"
+set +e
+.venv/bin/python -m pytest -q "$@"
+rc=$?
+set -e
+# pytest exits 5 when it collected no tests: that is a failure of the suite, not a pass.
+if [ "$rc" -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi
+exit "$rc"

@@ -1,0 +1,86 @@
+"""The `detour` command line: one verb per pipeline stage.
+
+    detour --help
+    detour prepare synthetic:clinical:2000 --tokenizer <model folder> --out data/synthetic
+
+Each verb lives in its own module, which exposes `add_arguments(parser)` and `run(args) -> int`.
+Modules are imported only when their verb runs, so `detour --help` stays fast and a verb whose
+module is not built yet says so and exits non-zero instead of pretending.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from detour.errors import DetourError
+
+# verb -> (module, one-line help). Order follows the pipeline.
+VERBS: dict[str, tuple[str, str]] = {
+    "prepare": ("detour.data.prepare", "tokenize corpora into memory-mapped training shards"),
+    "train": ("detour.train.run", "run one training recipe (phases of CLM / MLM)"),
+    "twins": ("detour.train.twins", "run a recipe and its matched MLM baseline on the same token stream"),
+    "doctor": ("detour.model.doctor", "check causal and document masking on a model's architecture"),
+    "eval": ("detour.eval.run", "fine-tune and score encoders on downstream tasks over seeds"),
+    "compare": ("detour.eval.significance", "paired bootstrap significance between two models' results"),
+    "needle": ("detour.eval.needle", "long-context needle-in-a-haystack probe on a frozen encoder"),
+    "analyze": ("detour.analysis.run", "per-layer CKA, freeze interventions, transplants"),
+    "report": ("detour.report.run", "tables, figures and an HTML report from results"),
+    "study": ("detour.study", "one-command cached study: twins, eval, analyses, report"),
+    "demo": ("detour.demo", "a small end-to-end demo on the embedded synthetic corpus"),
+}
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="detour",
+        description="Continued pretraining of encoders with a CLM detour, its matched MLM baseline, "
+        "downstream evaluation and analyses.",
+    )
+    from detour import __version__
+
+    parser.add_argument("--version", action="version", version=f"detour {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb, (_, help_text) in VERBS.items():
+        sub.add_parser(verb, help=help_text, add_help=False)
+    return parser
+
+
+def _load_verb(verb: str):
+    module_name, _ = VERBS[verb]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser()
+    if not argv or argv[0] not in VERBS:
+        args = parser.parse_args(argv)  # handles --help, --version and unknown verbs
+        parser.print_help()
+        return 0 if args.verb is None and not argv else 2
+    verb, rest = argv[0], argv[1:]
+    module = _load_verb(verb)
+    if module is None or not hasattr(module, "run"):
+        print(f"detour {verb}: not built yet in this version of detour.", file=sys.stderr)
+        return 2
+    verb_parser = argparse.ArgumentParser(prog=f"detour {verb}", description=VERBS[verb][1])
+    module.add_arguments(verb_parser)
+    args = verb_parser.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except DetourError as exc:
+        print(f"detour {verb}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"detour {verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

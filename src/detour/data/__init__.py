@@ -1,0 +1,1 @@
+"""data stage of the detour pipeline."""

@@ -1,0 +1,1 @@
+"""eval stage of the detour pipeline."""

