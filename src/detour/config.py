@@ -1,0 +1,323 @@
+"""Typed training recipes: YAML in, validated config out, errors that name the field.
+
+    detour train recipes/tiny-modernbert.yaml --out runs/tiny --dry-run
+    detour train recipes/tiny-modernbert.yaml --out runs/tiny --set phases.0.tokens=50k
+
+A recipe is a model, a data mixture, an optimizer, a batch size, a seed and a list of phases.
+A phase is data (objective, mask rate, token budget, LR shape, frozen groups), never a branch in
+the training loop: the detour and its MLM baseline are the same recipe with one field changed.
+
+Weight decay follows Composer's DecoupledAdamW, which the paper used: every step multiplies each
+decayed weight by (1 - weight_decay * lr_t / lr_peak). In `torch.optim.AdamW` terms
+(p <- p * (1 - lr_t * wd')) that is wd' = weight_decay / lr_peak, so the paper's 1e-5 at a peak of
+2e-4 is AdamW's 0.05. Biases, norm weights and frozen parameters are never decayed.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from detour.errors import DetourError
+
+_SUFFIX = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "m": 10**6, "B": 10**9, "b": 10**9, "G": 10**9, "T": 10**12}
+
+
+def parse_tokens(value: Any) -> int:
+    """'10B' -> 10_000_000_000, '250k' -> 250_000, '1.5M' -> 1_500_000, 4096 -> 4096."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a token count, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, float) and value.is_integer():
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kKmMbBGT]?)\s*", str(value))
+        if not m:
+            raise ValueError(f"expected a token count like 4096, 250k, 100M or 10B, got {value!r}")
+        n = float(m.group(1)) * _SUFFIX[m.group(2)]
+        if not float(n).is_integer():
+            raise ValueError(f"token count {value!r} is not a whole number of tokens")
+        n = int(n)
+    if n <= 0:
+        raise ValueError(f"token count must be positive, got {value!r}")
+    return n
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class ModelSpec(_Strict):
+    """Where the encoder comes from: a hub name or folder, or an architecture config + tokenizer."""
+
+    source: str | None = Field(None, description="hub name or local folder of a pretrained encoder")
+    config: dict[str, Any] | None = Field(None, description="architecture config (with model_type) to build from scratch")
+    tokenizer: str | None = Field(None, description="tokenizer hub name or folder (default: the source's)")
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.source is None) == (self.config is None):
+            raise ValueError("give exactly one of model.source (pretrained) or model.config (from scratch)")
+        if self.config is not None and self.tokenizer is None:
+            raise ValueError("model.tokenizer is required when the model is built from model.config")
+        return self
+
+
+class DataSource(_Strict):
+    path: str = Field(description="a folder written by `detour prepare`")
+    weight: float | None = Field(None, gt=0, description="token proportion in the mixture")
+
+
+class DataSpec(_Strict):
+    sources: list[DataSource] = Field(min_length=1)
+    seq_len: int = Field(gt=1)
+    shuffle_seed: int = 42
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _paths_as_strings(cls, v):
+        # Accept `sources: [dir1, dir2]` as well as `[{path: dir1, weight: 0.6}, ...]`.
+        if isinstance(v, (str, dict)):
+            v = [v]
+        return [{"path": s} if isinstance(s, str) else s for s in v]
+
+
+class OptimizerSpec(_Strict):
+    lr: float = Field(2e-4, gt=0, description="peak learning rate")
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(1e-5, ge=0, description="decoupled (Composer) convention, see module doc")
+    grad_clip: float | None = Field(1.0, gt=0)
+
+
+class BatchSpec(_Strict):
+    global_sequences: int | None = Field(None, gt=0)
+    global_tokens: int | None = None
+    micro_batch: int = Field(gt=0, description="sequences per forward/backward on one process")
+
+    @field_validator("global_tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v):
+        return None if v is None else parse_tokens(v)
+
+    @model_validator(mode="after")
+    def _one_size(self):
+        if (self.global_sequences is None) == (self.global_tokens is None):
+            raise ValueError("give exactly one of batch.global_sequences or batch.global_tokens")
+        return self
+
+
+class LRSpec(_Strict):
+    """LR as a function of t, the tokens consumed in the phase after the step, and T, the budget."""
+
+    shape: Literal["constant", "1-sqrt", "linear", "cosine"] = "constant"
+    warmup_tokens: int | None = None
+    warmup_fraction: float | None = Field(None, ge=0, le=1)
+    final_lr_fraction: float = Field(0.1, ge=0, le=1)
+    peak: float | None = Field(None, gt=0, description="peak LR of this phase (default: optimizer.lr)")
+
+    @field_validator("warmup_tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v):
+        return None if v in (None, 0) else parse_tokens(v)
+
+    @model_validator(mode="after")
+    def _one_warmup(self):
+        if self.warmup_tokens is not None and self.warmup_fraction is not None:
+            raise ValueError("give at most one of warmup_tokens or warmup_fraction")
+        return self
+
+
+class FreezeSpec(_Strict):
+    layers: str | None = Field(None, description="encoder layer indices, e.g. '0-7' or '0-3,8'")
+    components: list[Literal["attention", "mlp", "embeddings", "norm", "head"]] | None = None
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers_as_string(cls, v):
+        return None if v is None else str(v)
+
+
+class PhaseSpec(_Strict):
+    name: str
+    objective: Literal["clm", "mlm"]
+    mask_rate: float | None = Field(None, gt=0, lt=1)
+    tokens: int
+    lr: LRSpec = LRSpec()
+    keep_optimizer_state: bool = True
+    freeze: FreezeSpec | None = None
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v):
+        return parse_tokens(v)
+
+    @model_validator(mode="after")
+    def _mask_rate(self):
+        if self.objective == "mlm" and self.mask_rate is None:
+            raise ValueError(f"phase {self.name!r}: objective mlm needs a mask_rate (e.g. 0.15)")
+        if self.objective == "clm" and self.mask_rate is not None:
+            raise ValueError(f"phase {self.name!r}: objective clm takes no mask_rate")
+        return self
+
+
+class CheckpointSpec(_Strict):
+    every_tokens: int | None = Field(None, description="periodic checkpoint interval (and always at phase end)")
+    keep_last: int = Field(2, ge=1)
+
+    @field_validator("every_tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v):
+        return None if v is None else parse_tokens(v)
+
+
+class Recipe(_Strict):
+    name: str = "detour"
+    model: ModelSpec
+    data: DataSpec
+    optimizer: OptimizerSpec = OptimizerSpec()
+    batch: BatchSpec
+    seed: int = 17
+    phases: list[PhaseSpec] = Field(min_length=1)
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    baseline_mask_rate: float = Field(0.30, gt=0, lt=1, description="Phase-1 mask rate of the MLM twin")
+    clm_chunk_size: int = Field(1024, gt=0, description="rows per chunk of the fused CLM head + loss")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @model_validator(mode="after")
+    def _unique_phase_names(self):
+        names = [p.name for p in self.phases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"phases: names must be unique, got {names}")
+        return self
+
+    # -- derived sizes ---------------------------------------------------------------------
+    def sequences_per_step(self) -> int:
+        if self.batch.global_sequences is not None:
+            return self.batch.global_sequences
+        n, rem = divmod(self.batch.global_tokens, self.data.seq_len)
+        if rem or n == 0:
+            raise DetourError(
+                f"batch.global_tokens ({self.batch.global_tokens}) must be a positive multiple of data.seq_len ({self.data.seq_len})"
+            )
+        return n
+
+    def tokens_per_step(self) -> int:
+        return self.sequences_per_step() * self.data.seq_len
+
+    def grad_accumulation(self, world_size: int = 1) -> int:
+        seqs = self.sequences_per_step()
+        per_rank, rem = divmod(seqs, world_size * self.batch.micro_batch)
+        if rem or per_rank == 0:
+            raise DetourError(
+                f"batch: {seqs} sequences per step do not split into micro_batch={self.batch.micro_batch} "
+                f"x {world_size} process(es); choose batch sizes so they divide"
+            )
+        return per_rank
+
+    def steps_in_phase(self, phase: PhaseSpec) -> int:
+        return math.ceil(phase.tokens / self.tokens_per_step())
+
+    def plan(self) -> list[dict[str, Any]]:
+        """Steps and tokens per phase, as `--dry-run` prints them."""
+        rows = []
+        per_step = self.tokens_per_step()
+        for p in self.phases:
+            steps = self.steps_in_phase(p)
+            last = p.tokens - (steps - 1) * per_step
+            rows.append({"phase": p.name, "objective": p.objective, "mask_rate": p.mask_rate, "tokens": p.tokens,
+                         "steps": steps, "tokens_per_step": per_step, "last_step_tokens": last,
+                         "lr_shape": p.lr.shape})
+        return rows
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node: Any = tree
+    for i, key in enumerate(keys[:-1]):
+        if isinstance(node, list):
+            node = node[_index(node, key, dotted)]
+        else:
+            if key not in node or node[key] is None:
+                node[key] = {}
+            node = node[key]
+    last = keys[-1]
+    if isinstance(node, list):
+        node[_index(node, last, dotted)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise DetourError(f"--set {dotted}: {'.'.join(keys[:-1])} is not a mapping")
+
+
+def _index(node: list, key: str, dotted: str) -> int:
+    if not key.isdigit() or int(key) >= len(node):
+        raise DetourError(f"--set {dotted}: {key!r} is not an index of a list of {len(node)}")
+    return int(key)
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    """Apply `a.b.c=value` overrides (values parsed as YAML) to a raw recipe tree."""
+    tree = copy.deepcopy(tree)
+    for item in overrides or []:
+        if "=" not in item:
+            raise DetourError(f"--set {item!r}: expected KEY=VALUE, e.g. phases.0.tokens=50k")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return tree
+
+
+def _format_errors(exc: ValidationError, where: str) -> str:
+    lines = [f"invalid recipe {where}:"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def recipe_from_dict(tree: dict, where: str = "(recipe)") -> Recipe:
+    try:
+        return Recipe.model_validate(tree)
+    except ValidationError as exc:
+        raise DetourError(_format_errors(exc, where)) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    path = Path(path)
+    if not path.is_file():
+        raise DetourError(f"recipe not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise DetourError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise DetourError(f"{path}: a recipe is a YAML mapping, got {type(tree).__name__}")
+    return recipe_from_dict(apply_overrides(tree, overrides or []), str(path))
+
+
+def recipe_to_dict(recipe: Recipe) -> dict:
+    return recipe.model_dump(mode="json")
+
+
+def baseline_of(recipe: Recipe) -> Recipe:
+    """The matched MLM twin: every CLM phase becomes MLM at `baseline_mask_rate`; all else equal."""
+    tree = recipe_to_dict(recipe)
+    for phase in tree["phases"]:
+        if phase["objective"] == "clm":
+            phase["objective"] = "mlm"
+            phase["mask_rate"] = recipe.baseline_mask_rate
+    tree["name"] = f"{recipe.name}-mlm-baseline"
+    return recipe_from_dict(tree, "(baseline twin)")

@@ -1,0 +1,270 @@
+"""The training loop: phases of CLM or MLM over one token stream, with exact token budgets.
+
+    detour train recipes/tiny-modernbert.yaml --out runs/tiny
+
+`train(recipe, out)` reads top to bottom: set up (model, data stream, optimizer, maybe resume), then
+for each phase: apply its freeze and optimizer policy, run steps until the phase has consumed exactly
+its token budget (the last step may be smaller), checkpoint periodically and at the phase end, and
+export a Hugging Face folder. The objective of a phase is data: the same loop runs the detour and
+its MLM twin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import time
+from collections import deque
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from detour.config import PhaseSpec, Recipe, recipe_to_dict
+from detour.data.packing import PackedStream, collate, validate_seq_len
+from detour.errors import DetourError
+from detour.train.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+from detour.train.metrics import MetricsLog, Progress
+from detour.train.schedule import lr_at
+from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, select_device
+
+RESUMABLE_EXIT = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; rerun with --resume
+
+
+class TrainingStopped(Exception):
+    """A signal asked the run to stop; a checkpoint was saved first."""
+
+    def __init__(self, signum: int, checkpoint: Path):
+        super().__init__(f"stopped by signal {signum}; checkpoint saved at {checkpoint}; rerun with --resume")
+        self.checkpoint = checkpoint
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    summary: dict[str, Any]
+
+
+def fresh_state() -> dict[str, Any]:
+    return {"phase_index": 0, "phase_step": 0, "phase_tokens": 0, "global_step": 0, "global_tokens": 0,
+            "sampler": None, "phases": {}}
+
+
+def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
+    out = Path(out)
+    device = select_device(recipe.device)
+    _prepare_out_dir(out, recipe, resume)
+    torch.manual_seed(recipe.seed)
+    model, tokenizer = build_model(recipe, device)
+    check_data_matches_tokenizer(recipe, tokenizer)
+    validate_seq_len(recipe.data.seq_len, model.config.max_position_embeddings)
+    stream = PackedStream.from_paths([(s.path, s.weight) for s in recipe.data.sources],
+                                     seq_len=recipe.data.seq_len, seed=recipe.data.shuffle_seed)
+    optimizer = build_optimizer(model, recipe.optimizer)
+    generator = torch.Generator().manual_seed(recipe.seed)  # MLM masking draws, checkpointed
+    state = fresh_state()
+    log = MetricsLog(out / "metrics.jsonl")
+    if resume and (ckpt := latest_checkpoint(out / "checkpoints")) is not None:
+        restore_checkpoint(ckpt, model, optimizer, generator)
+        state = ckpt.state
+        stream.load_state_dict(state["sampler"])
+        log.truncate_after(state["global_step"])
+    per_step = recipe.tokens_per_step()
+
+    with _stop_on_signals() as stop, Progress(recipe, enabled=progress) as bar:
+        for index, phase in enumerate(recipe.phases):
+            if index < state["phase_index"]:
+                continue
+            record = state["phases"].setdefault(phase.name, _phase_record(phase))
+            if state["phase_tokens"] == 0 and not phase.keep_optimizer_state:
+                optimizer.state.clear()  # fresh AdamW moments for this phase
+            _apply_freeze(model, phase)
+            bar.start_phase(phase, state["phase_tokens"])
+            while state["phase_tokens"] < phase.tokens:
+                n_tokens = min(per_step, phase.tokens - state["phase_tokens"])
+                lr = lr_at(phase.lr, phase.lr.peak or recipe.optimizer.lr, state["phase_tokens"] + n_tokens, phase.tokens)
+                t0 = time.perf_counter()
+                loss, grad_norm, padding = train_step(model, optimizer, stream, recipe, phase, n_tokens, lr,
+                                                      generator, tokenizer.pad_token_id, record, device)
+                elapsed = time.perf_counter() - t0
+                state["phase_step"] += 1
+                state["global_step"] += 1
+                state["phase_tokens"] += n_tokens
+                before, state["global_tokens"] = state["global_tokens"], state["global_tokens"] + n_tokens
+                record["tokens"] = state["phase_tokens"]
+                record["recent_losses"] = (record["recent_losses"] + [loss])[-10:]
+                log.write({"phase": phase.name, "objective": phase.objective, "step": state["phase_step"],
+                           "global_step": state["global_step"], "tokens": state["phase_tokens"], "loss": loss,
+                           "lr": lr, "grad_norm": grad_norm, "tokens_per_s": n_tokens / elapsed,
+                           "padding_tokens": padding})
+                bar.advance(n_tokens, loss)
+                phase_done = state["phase_tokens"] == phase.tokens
+                if phase_done:  # export first: a crash before the checkpoint redoes the step and re-exports
+                    _export(model, tokenizer, recipe, state, out / "export" / phase.name)
+                    state.update(phase_index=index + 1, phase_step=0, phase_tokens=0)
+                every = recipe.checkpoint.every_tokens
+                periodic = every is not None and before // every != state["global_tokens"] // every
+                if phase_done or periodic or stop.signum:
+                    state["sampler"] = stream.state_dict()
+                    path = save_checkpoint(out / "checkpoints", state["global_step"], model, optimizer, generator,
+                                           state, recipe.checkpoint.keep_last)
+                    if stop.signum:
+                        raise TrainingStopped(stop.signum, path)
+                if phase_done:
+                    break
+
+    final = _export(model, tokenizer, recipe, state, out / "model")
+    summary = _summary(recipe, state, final)
+    _write_json(out / "summary.json", summary)
+    return TrainResult(out, summary)
+
+
+def train_step(model, optimizer, stream: PackedStream, recipe: Recipe, phase: PhaseSpec, n_tokens: int,
+               lr: float, generator: torch.Generator, pad_id: int, record: dict, device) -> tuple[float, float, int]:
+    """One optimizer step over exactly `n_tokens` tokens; returns (loss, grad norm, padding tokens)."""
+    from detour.model.objectives import objective_loss
+
+    seq_len = recipe.data.seq_len
+    lengths = [seq_len] * (n_tokens // seq_len) + ([n_tokens % seq_len] if n_tokens % seq_len else [])
+    sequences = [stream.next_sequence(n) for n in lengths]
+    record["stream_hash"] = _chain_hash(record["stream_hash"], sequences)
+    model.train()
+    loss_sum, n_labels, padding = 0.0, 0, 0
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    for i in range(0, len(sequences), recipe.batch.micro_batch):
+        batch = collate(sequences[i:i + recipe.batch.micro_batch], pad_id)
+        padding += int((batch["attention_mask"] == 0).sum())
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with autocast:
+            out = objective_loss(model, batch, phase.objective, phase.mask_rate, generator)
+        out.loss_sum.backward()  # summed, not averaged: normalised once below by the global label count
+        loss_sum += float(out.loss_sum.detach())
+        n_labels += int(out.n_labels)
+    if not math.isfinite(loss_sum):
+        raise DetourError(f"non-finite loss ({loss_sum}) in phase {phase.name!r}; no checkpoint was written "
+                          f"for this step; resume from the last checkpoint with a lower LR")
+    params = [p for p in model.parameters() if p.grad is not None]
+    for p in params:
+        p.grad.div_(max(n_labels, 1))
+    clip = recipe.optimizer.grad_clip
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf")))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # None, not zero: AdamW then skips frozen params entirely
+    return loss_sum / max(n_labels, 1), grad_norm, padding
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _phase_record(phase: PhaseSpec) -> dict[str, Any]:
+    return {"objective": phase.objective, "mask_rate": phase.mask_rate, "budget": phase.tokens, "tokens": 0,
+            "stream_hash": "", "recent_losses": []}
+
+
+def _chain_hash(previous: str, sequences) -> str:
+    """Hash of every token id consumed so far in the phase, chained so it survives a resume."""
+    h = hashlib.sha256(previous.encode())
+    for seq in sequences:
+        h.update(seq.input_ids.astype("<i8").tobytes())
+    return h.hexdigest()
+
+
+def _apply_freeze(model, phase: PhaseSpec) -> None:
+    from detour.model.freeze import frozen_parameter_names
+
+    frozen: set[str] = set()
+    if phase.freeze is not None:
+        frozen = frozen_parameter_names(model, phase.freeze.layers, phase.freeze.components)
+    for name, param in model.named_parameters():
+        param.requires_grad_(name not in frozen)
+
+
+def _export(model, tokenizer, recipe: Recipe, state: dict, folder: Path) -> Path:
+    from detour.model.export import export_hf
+
+    phases = [{"name": p.name, "objective": p.objective, "mask_rate": p.mask_rate, "tokens": p.tokens,
+               "tokens_done": state["phases"].get(p.name, {}).get("tokens", 0),
+               "final_loss": _final_loss(state["phases"].get(p.name))} for p in recipe.phases]
+    card = {"base_model": recipe.model.source or f"built from config ({recipe.model.config.get('model_type')})",
+            "recipe": recipe_to_dict(recipe), "phases": phases,
+            "data": [_describe_source(s.path, s.weight) for s in recipe.data.sources]}
+    model.eval()
+    return export_hf(model, tokenizer, folder, card)
+
+
+def _describe_source(path: str, weight) -> dict:
+    manifest = Path(path) / "manifest.json"
+    info: dict[str, Any] = {"path": path, "weight": weight}
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        info.update({k: m.get(k) for k in ("documents", "tokens", "tokenizer")})
+        info["sources"] = [s.get("name") or s.get("path") for s in m.get("sources", [])]
+    return info
+
+
+def _final_loss(record: dict | None) -> float | None:
+    if not record or not record["recent_losses"]:
+        return None
+    return sum(record["recent_losses"]) / len(record["recent_losses"])
+
+
+def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
+    phases = {}
+    for p in recipe.phases:
+        r = state["phases"][p.name]
+        phases[p.name] = {"objective": r["objective"], "mask_rate": r["mask_rate"], "tokens": r["tokens"],
+                          "budget": r["budget"], "stream_hash": r["stream_hash"],
+                          "final_loss": _final_loss(r), "last_loss": r["recent_losses"][-1]}
+    return {"recipe": recipe.name, "model": str(final), "global_steps": state["global_step"],
+            "global_tokens": state["global_tokens"], "phases": phases}
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def _prepare_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
+    saved = out / "recipe.json"
+    resolved = recipe_to_dict(recipe)
+    if saved.is_file():
+        if not resume:
+            raise DetourError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
+        if json.loads(saved.read_text()) != resolved:
+            raise DetourError(f"{out} holds a run of a different recipe (see {saved}); resume with the same recipe "
+                              f"and --set overrides, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(saved, resolved)
+
+
+class _StopFlag:
+    signum: int = 0
+
+
+@contextmanager
+def _stop_on_signals():
+    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint after the current step and stops."""
+    flag = _StopFlag()
+
+    def handler(signum, _frame):
+        flag.signum = signum
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    try:
+        yield flag
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,79 @@
+"""The per-step metrics log (`metrics.jsonl`) and the progress bar.
+
+    tail -n 3 runs/tiny/detour/metrics.jsonl
+
+One JSON record per optimizer step: phase, objective, step (within the phase), global_step, tokens
+(cumulative within the phase), loss, lr, grad_norm, tokens_per_s, padding_tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class MetricsLog:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, record: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def truncate_after(self, global_step: int) -> None:
+        """On resume, drop records of steps the checkpoint does not contain (they will be redone)."""
+        if not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill -9
+                continue
+            if record.get("global_step", 0) <= global_step:
+                kept.append(line)
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class Progress:
+    """A progress bar per phase with tokens/s and ETA (rich); silent when disabled."""
+
+    def __init__(self, recipe, enabled: bool = True):
+        self.recipe = recipe
+        self.enabled = enabled
+        self._bar = None
+        self._task = None
+
+    def __enter__(self):
+        if self.enabled:
+            self._bar = RichProgress(
+                TextColumn("[bold]{task.description}"), BarColumn(),
+                TextColumn("{task.completed:,.0f}/{task.total:,.0f} tok"),
+                TextColumn("{task.fields[rate]:,.0f} tok/s"), TextColumn("loss {task.fields[loss]:.3f}"),
+                TimeElapsedColumn(), TimeRemainingColumn(),
+            )
+            self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+    def start_phase(self, phase, done: int) -> None:
+        if self._bar is not None:
+            self._task = self._bar.add_task(f"{self.recipe.name}:{phase.name} ({phase.objective})",
+                                            total=phase.tokens, completed=done, rate=0.0, loss=float("nan"))
+
+    def advance(self, n_tokens: int, loss: float) -> None:
+        if self._bar is not None:
+            task = self._bar.tasks[self._task]
+            self._bar.update(self._task, advance=n_tokens, loss=loss, rate=task.speed or 0.0)
