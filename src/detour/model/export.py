@@ -1,0 +1,96 @@
+"""Export a trained model as a plain Hugging Face masked-LM folder, with a model card.
+
+    python -c "from transformers import pipeline; print(pipeline('fill-mask', model='OUT/final')('the [MASK] was given.'))"
+
+The folder holds config.json (never causal: `is_decoder` false), model.safetensors, the tokenizer
+and README.md. It is written beside the target and renamed into place, replacing an older export,
+so a reader never sees half a folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+
+from detour.errors import DetourError
+
+
+def _card(card: dict, model) -> str:
+    base = card.get("base_model")
+    front = {"library_name": "transformers", "pipeline_tag": "fill-mask", "tags": ["detour", "continued-pretraining"]}
+    if base and not Path(str(base)).is_absolute():
+        front["base_model"] = str(base)  # the hub metadata field takes hub names only
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", ""]
+    lines += [f"# {card.get('name', 'detour export')}", ""]
+    lines += [
+        f"A `{type(model).__name__}` ({model.config.model_type}) continued-pretrained with "
+        f"detour (a CLM phase, then an MLM decay) from `{base}`.",
+        "",
+        "## Phases",
+        "",
+        "| phase | objective | tokens | final loss |",
+        "|---|---|---:|---:|",
+    ]
+    for phase in card.get("phases", []):
+        loss = phase.get("final_loss")
+        loss_text = f"{loss:.4f}" if isinstance(loss, (int, float)) else "-"
+        lines.append(f"| {phase.get('name', '')} | {phase.get('objective', '')} | {phase.get('tokens', '')} | {loss_text} |")
+    lines += ["", "## Data", ""]
+    sources = card.get("data") or card.get("data_sources") or []
+    if isinstance(sources, dict):
+        sources = [f"{k}: {v}" for k, v in sources.items()]
+    lines += [f"- {s}" for s in sources] or ["- (not recorded)"]
+    if card.get("notes"):
+        lines += ["", "## Notes", "", str(card["notes"])]
+    lines += ["", "## Recipe", "", "```yaml", yaml.safe_dump(card.get("recipe", {}), sort_keys=False).strip(), "```", ""]
+    lines += [
+        "## Use",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "fill = pipeline('fill-mask', model='PATH/TO/THIS/FOLDER')",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def export_hf(model, tokenizer, out_dir: str | Path, card: dict) -> Path:
+    """Write `out_dir` atomically: config.json, model.safetensors, tokenizer files, README.md."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
+    old = out_dir.with_name(f"{out_dir.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    saved_config = model.config
+    try:
+        # export a copy of the config so training-time settings never leak into the saved one
+        config = copy.deepcopy(saved_config)
+        config.is_decoder = False
+        config.add_cross_attention = False
+        model.config = config
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "README.md").write_text(_card(card, model), encoding="utf-8")
+        _check_config(tmp / "config.json")
+        if out_dir.exists():
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        model.config = saved_config
+    shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+def _check_config(path: Path) -> None:
+    saved = json.loads(path.read_text())
+    if saved.get("is_decoder"):
+        raise DetourError(f"{path}: refusing to export a causal config (is_decoder true)")

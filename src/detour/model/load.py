@@ -1,0 +1,221 @@
+"""Load a supported Hugging Face encoder as a masked-LM model, and find its parts.
+
+    python -c "from detour.model.load import load_mlm_model; from detour.paths import minilm_path; \
+print(load_mlm_model(minilm_path())[0].config.model_type)"
+
+One model class (`AutoModelForMaskedLM`) serves both phases: the body is run with the masks from
+`detour.model.masks`, and the MLM head (transform + decoder tied to the input embeddings) is the
+next-token head in CLM. An encoder saved without an MLM head (the MiniLM package, any `BertModel`)
+gets a fresh head, tied, and we say so once in plain words.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.activations import gelu
+from transformers.utils import logging as hf_logging
+
+from detour.errors import DetourError
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("modernbert", "bert", "roberta", "camembert", "xlm-roberta")
+ROBERTA_LIKE = ("roberta", "camembert", "xlm-roberta")
+# Tokenizer special tokens copied into the model config, so that objectives know what never to mask.
+_SPECIAL_NAMES = ("pad", "cls", "sep", "mask", "bos", "eos", "unk")
+
+
+def tiny_modernbert_config() -> dict:
+    """The tiny ModernBERT (global and sliding layers) used by tests, demos and `detour doctor`."""
+    return dict(
+        model_type="modernbert",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        global_attn_every_n_layers=3,
+        local_attention=8,
+    )
+
+
+def _check_type(model_type: str | None, where: str) -> str:
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise DetourError(
+            f"{where}: model_type {model_type!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return model_type
+
+
+def _load_tokenizer(source, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(str(source), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise DetourError(f"cannot load a tokenizer from {source}: {exc}") from exc
+
+
+def _special_ids_into_config(config, tokenizer) -> None:
+    for name in _SPECIAL_NAMES:
+        token_id = getattr(tokenizer, f"{name}_token_id", None)
+        if token_id is not None:
+            setattr(config, f"{name}_token_id", int(token_id))
+
+
+def special_token_ids(tokenizer) -> list[int]:
+    """Ids never to mask: every special token of the tokenizer, padding included."""
+    ids = set(int(i) for i in tokenizer.all_special_ids)
+    if tokenizer.pad_token_id is not None:
+        ids.add(int(tokenizer.pad_token_id))
+    return sorted(ids)
+
+
+def config_special_ids(config) -> list[int]:
+    """The special-token ids recorded in a model config (see `load_mlm_model`)."""
+    ids = {getattr(config, f"{n}_token_id", None) for n in _SPECIAL_NAMES}
+    return sorted(int(i) for i in ids if isinstance(i, int) and i >= 0)
+
+
+def load_mlm_model(
+    source: str | Path | None = None,
+    *,
+    config: dict | None = None,
+    tokenizer: str | Path | None = None,
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+    seed: int | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """An fp32 `*ForMaskedLM` model and its tokenizer, from a hub name/folder or from a config dict."""
+    if (source is None) == (config is None):
+        raise DetourError("model: give either a hub name/folder or an architecture config, not both")
+    if config is not None:
+        if tokenizer is None:
+            raise DetourError("model.tokenizer: required when the model is built from a config")
+        tok = _load_tokenizer(tokenizer, trust_remote_code)
+        fields = dict(config)
+        model_type = _check_type(fields.pop("model_type", None), "model.config.model_type")
+        fields["vocab_size"] = len(tok)
+        for name in _SPECIAL_NAMES:
+            token_id = getattr(tok, f"{name}_token_id", None)
+            if token_id is not None:
+                fields[f"{name}_token_id"] = int(token_id)
+        # BERT-style tokenizers have no bos/eos: [CLS] and [SEP] play those parts.
+        fields.setdefault("bos_token_id", fields.get("cls_token_id"))
+        fields.setdefault("eos_token_id", fields.get("sep_token_id"))
+        try:
+            hf_config = AutoConfig.for_model(model_type, **fields)
+        except (TypeError, ValueError) as exc:
+            raise DetourError(f"model.config: {exc}") from exc
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            model = AutoModelForMaskedLM.from_config(
+                hf_config, attn_implementation=attn_implementation, dtype=torch.float32
+            )
+    else:
+        tok = _load_tokenizer(tokenizer if tokenizer is not None else source, trust_remote_code)
+        model = _load_pretrained(source, attn_implementation, trust_remote_code, seed)
+    _special_ids_into_config(model.config, tok)
+    model.config.is_decoder = False
+    return model, tok
+
+
+def _load_pretrained(source, attn_implementation, trust_remote_code, seed) -> PreTrainedModel:
+    try:
+        hf_config = AutoConfig.from_pretrained(str(source), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise DetourError(f"model: cannot read a Hugging Face config from {source}: {exc}") from exc
+    _check_type(hf_config.model_type, f"model {source}")
+    # transformers warns "newly initialized" about the head of a head-less checkpoint; we say it
+    # once ourselves below, in words that match what happens (a fresh head, decoder tied).
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            model, info = AutoModelForMaskedLM.from_pretrained(
+                str(source),
+                config=hf_config,
+                attn_implementation=attn_implementation,
+                dtype=torch.float32,
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+            )
+    except (OSError, ValueError) as exc:
+        raise DetourError(f"model: cannot load {source} as a masked LM: {exc}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    missing = set(info.get("missing_keys", ()))
+    head_names = {n for n, _ in model.named_parameters() if _is_head_param(model, n)}
+    body_missing = sorted(k for k in missing if k not in head_names and not _is_head_param(model, k))
+    if body_missing:
+        raise DetourError(f"model {source}: encoder weights missing from the checkpoint: {body_missing[:5]}")
+    if missing:
+        decoder = model.get_output_embeddings()
+        if decoder.weight is not model.get_input_embeddings().weight:
+            decoder.weight = model.get_input_embeddings().weight
+        log.warning(
+            "model %s has no MLM head: using a freshly initialised head (%d tensors) whose "
+            "decoder is tied to the input embeddings.",
+            source,
+            len(missing),
+        )
+    return model
+
+
+def family(model) -> str:
+    """'modernbert', 'bert' or 'roberta' (RoBERTa, CamemBERT and XLM-R share one layout)."""
+    model_type = _check_type(model.config.model_type, "model")
+    return "roberta" if model_type in ROBERTA_LIKE else model_type
+
+
+def encoder_body(model) -> nn.Module:
+    """The encoder without its MLM head (`ModernBertModel`, `BertModel`, `RobertaModel`, ...)."""
+    return model.base_model
+
+
+def encoder_layers(model) -> tuple[str, nn.ModuleList]:
+    """(dotted name, module list) of the encoder's transformer layers."""
+    fam = family(model)
+    prefix = model.base_model_prefix
+    name = f"{prefix}.layers" if fam == "modernbert" else f"{prefix}.encoder.layer"
+    return name, model.get_submodule(name)
+
+
+def head_module_names(model) -> list[str]:
+    """Top-level module names of the MLM head."""
+    return {"modernbert": ["head", "decoder"], "bert": ["cls"], "roberta": ["lm_head"]}[family(model)]
+
+
+def _is_head_param(model, name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in head_module_names(model))
+
+
+def mlm_head_parts(model) -> tuple[Callable[[torch.Tensor], torch.Tensor], nn.Linear]:
+    """(transform, decoder): logits = decoder(transform(last_hidden_state)), as the model's head does."""
+    fam = family(model)
+    if fam == "modernbert":
+        return model.head, model.decoder
+    if fam == "bert":
+        return model.cls.predictions.transform, model.cls.predictions.decoder
+    lm_head = model.lm_head
+
+    def transform(h: torch.Tensor) -> torch.Tensor:  # RobertaLMHead.forward without the decoder
+        return lm_head.layer_norm(gelu(lm_head.dense(h)))
+
+    return transform, lm_head.decoder

@@ -1,0 +1,151 @@
+"""The two training objectives on one masked-LM model: CLM (the detour) and MLM.
+
+    python -m pytest -q tests/model/test_objectives.py
+
+Both run the encoder body once with the packed-document masks of `detour.model.masks`, then the
+MLM head (transform + decoder tied to the input embeddings) only on the rows that carry a label,
+in chunks of rows, each chunk under activation checkpointing: the (tokens x vocab) logits are
+never materialised, and each chunk's logits are freed and recomputed in backward.
+
+Losses are SUMS over label tokens; the training loop divides by the label count of the whole
+global batch, so CLM and MLM steps weigh tokens alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from detour.errors import DetourError
+from detour.model import masks
+from detour.model.load import config_special_ids, encoder_body, family, mlm_head_parts
+
+IGNORE = -100
+CHUNK_SIZE = 1024
+
+
+@dataclass
+class LossOutput:
+    loss_sum: torch.Tensor  # scalar: sum of token losses
+    n_labels: int  # label tokens in this micro-batch
+
+
+def model_position_ids(model, batch: dict) -> torch.Tensor:
+    """Per-document position ids as the architecture reads them (RoBERTa's start at pad_id + 1)."""
+    positions, real = batch["position_ids"], batch["doc_ids"] >= 0
+    fam = family(model)
+    offset = model.config.pad_token_id + 1 if fam == "roberta" else 0
+    if fam != "modernbert":  # absolute position tables: a position past the table is an error
+        limit = model.config.max_position_embeddings - offset
+        if positions.shape[1] > limit:
+            raise DetourError(
+                f"seq_len {positions.shape[1]} exceeds the {limit} positions of this "
+                f"{model.config.model_type} model (max_position_embeddings)"
+            )
+    return torch.where(real, positions + offset, offset - 1 if offset else 0)
+
+
+def encode(model, batch: dict, causal: bool, input_ids: torch.Tensor | None = None, **kwargs):
+    """Run the encoder body with packed-document masks; returns the body's output object."""
+    attention_mask = masks.build_attention_mask(model, batch["doc_ids"], causal)
+    return encoder_body(model)(
+        input_ids=batch["input_ids"] if input_ids is None else input_ids,
+        attention_mask=attention_mask,
+        position_ids=model_position_ids(model, batch),
+        **kwargs,
+    )
+
+
+def head_loss_sum(model, rows: torch.Tensor, targets: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> torch.Tensor:
+    """Sum of cross-entropies of the MLM head on `rows` [N, H] against `targets` [N], chunked."""
+    transform, decoder = mlm_head_parts(model)
+
+    def piece(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = decoder(transform(x))
+        return F.cross_entropy(logits.float(), y, reduction="sum")
+
+    if rows.shape[0] == 0:  # keep the graph connected so backward still runs
+        return rows.sum() * 0.0
+    total = None
+    for start in range(0, rows.shape[0], chunk_size):
+        x, y = rows[start : start + chunk_size], targets[start : start + chunk_size]
+        if torch.is_grad_enabled():
+            part = checkpoint(piece, x, y, use_reentrant=False)
+        else:
+            part = piece(x, y)
+        total = part if total is None else total + part
+    return total
+
+
+def clm_labels(batch: dict) -> torch.Tensor:
+    """Label at t = token t+1 of the same document; -100 at each document's last token and padding."""
+    input_ids, doc_ids = batch["input_ids"], batch["doc_ids"]
+    labels = torch.full_like(input_ids, IGNORE)
+    same_doc = (doc_ids[:, 1:] == doc_ids[:, :-1]) & (doc_ids[:, :-1] >= 0)
+    labels[:, :-1] = torch.where(same_doc, input_ids[:, 1:], IGNORE)
+    return labels
+
+
+def clm_loss(model, batch: dict, chunk_size: int = CHUNK_SIZE) -> LossOutput:
+    """Next-token loss at every labelled position, causal and document-isolated attention."""
+    hidden = encode(model, batch, causal=True).last_hidden_state
+    labels = clm_labels(batch)
+    keep = labels != IGNORE
+    loss_sum = head_loss_sum(model, hidden[keep], labels[keep], chunk_size)
+    return LossOutput(loss_sum=loss_sum, n_labels=int(keep.sum()))
+
+
+def mlm_masking(
+    input_ids: torch.Tensor,
+    maskable: torch.Tensor,
+    mask_rate: float,
+    generator: torch.Generator,
+    mask_token_id: int,
+    random_pool: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels): pick `mask_rate` of maskable positions; 80% [MASK], 10% random, 10% kept.
+
+    Random draws use the CPU `generator`, so a run is reproducible on any device.
+    """
+    shape, device = input_ids.shape, input_ids.device
+    pick = torch.rand(shape, generator=generator).to(device) < mask_rate
+    pick &= maskable
+    action = torch.rand(shape, generator=generator).to(device)
+    random_ids = random_pool[torch.randint(len(random_pool), shape, generator=generator)].to(device)
+    inputs = torch.where(pick & (action < 0.8), mask_token_id, input_ids)
+    inputs = torch.where(pick & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    labels = torch.where(pick, input_ids, IGNORE)
+    return inputs, labels
+
+
+def mlm_loss(model, batch: dict, mask_rate: float, generator: torch.Generator) -> LossOutput:
+    """Masked-LM loss, bidirectional document-isolated attention, head on masked rows only."""
+    config = model.config
+    if getattr(config, "mask_token_id", None) is None:
+        raise DetourError("MLM needs a mask token: load the model with detour.model.load.load_mlm_model")
+    input_ids = batch["input_ids"]
+    special = torch.tensor(config_special_ids(config), dtype=input_ids.dtype)
+    maskable = (batch["doc_ids"] >= 0) & ~torch.isin(input_ids, special.to(input_ids.device))
+    if "attention_mask" in batch:
+        maskable &= batch["attention_mask"].bool()
+    vocab = torch.arange(config.vocab_size)
+    random_pool = vocab[~torch.isin(vocab, special)]
+    inputs, labels = mlm_masking(input_ids, maskable, mask_rate, generator, config.mask_token_id, random_pool)
+    hidden = encode(model, batch, causal=False, input_ids=inputs).last_hidden_state
+    keep = labels != IGNORE
+    loss_sum = head_loss_sum(model, hidden[keep], labels[keep])
+    return LossOutput(loss_sum=loss_sum, n_labels=int(keep.sum()))
+
+
+def objective_loss(model, batch: dict, objective: str, mask_rate: float | None, generator) -> LossOutput:
+    """Dispatch on the phase's objective: "clm" or "mlm" (which needs 0 < mask_rate < 1)."""
+    if objective == "clm":
+        return clm_loss(model, batch)
+    if objective == "mlm":
+        if mask_rate is None or not 0.0 < mask_rate < 1.0:
+            raise DetourError(f"phase objective mlm: mask_rate must be in (0, 1), got {mask_rate}")
+        return mlm_loss(model, batch, mask_rate, generator)
+    raise DetourError(f"phase objective: {objective!r} is not one of clm, mlm")

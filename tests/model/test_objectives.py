@@ -1,0 +1,191 @@
+"""CLM and MLM objectives: labels, masking statistics, chunked head, parity with reference causal models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import BertLMHeadModel, ModernBertDecoderConfig, ModernBertDecoderForCausalLM
+
+from detour.errors import DetourError
+from detour.model.doctor import packed_batch
+from detour.model.load import config_special_ids, encoder_body, mlm_head_parts, special_token_ids
+from detour.model.objectives import (
+    clm_labels,
+    clm_loss,
+    encode,
+    mlm_loss,
+    mlm_masking,
+    objective_loss,
+)
+
+
+def batch_for(model, rows, seq_len, seed=0):
+    return packed_batch(rows, seq_len, model.config.vocab_size, config_special_ids(model.config),
+                        model.config.pad_token_id, seed)
+
+
+def test_clm_labels_next_token_within_document():
+    batch = {
+        "input_ids": torch.tensor([[11, 12, 13, 21, 22, 0]]),
+        "doc_ids": torch.tensor([[0, 0, 0, 1, 1, -1]]),
+    }
+    assert clm_labels(batch).tolist() == [[12, 13, -100, 22, -100, -100]]
+
+
+@pytest.mark.parametrize("kind", ["modernbert", "bert", "roberta"])
+def test_packed_clm_loss_is_the_sum_of_each_document_alone(models, kind):
+    # document isolation AND per-document positions: packing must not change any document's loss
+    model, _ = models(kind)
+    packed = batch_for(model, [[9, 14, 5]], 32)
+    with torch.no_grad():
+        together = clm_loss(model, packed)
+        alone = []
+        for doc in range(3):
+            keep = packed["doc_ids"][0] == doc
+            single = {k: v[:, keep] for k, v in packed.items()}
+            single["doc_ids"] = torch.zeros_like(single["doc_ids"])
+            alone.append(clm_loss(model, single))
+    assert together.n_labels == sum(a.n_labels for a in alone) == 8 + 13 + 4
+    assert together.loss_sum.item() == pytest.approx(sum(a.loss_sum.item() for a in alone), rel=1e-5)
+
+
+def _dense_clm(model, batch):
+    hidden = encode(model, batch, causal=True).last_hidden_state
+    transform, decoder = mlm_head_parts(model)
+    logits = decoder(transform(hidden))  # full tokens x vocab: what the chunked path avoids
+    return F.cross_entropy(logits.flatten(0, 1), clm_labels(batch).flatten(), reduction="sum")
+
+
+@pytest.mark.parametrize("kind", ["modernbert", "bert"])
+def test_chunked_clm_loss_equals_dense_loss_and_gradients(models, kind):
+    model, _ = models(kind)
+    batch = batch_for(model, [[20, 10], [31]], 32)
+    dense = _dense_clm(model, batch)
+    grads_dense = torch.autograd.grad(dense, [p for p in model.parameters()], allow_unused=True)
+    chunked = clm_loss(model, batch, chunk_size=7)
+    grads_chunked = torch.autograd.grad(chunked.loss_sum, [p for p in model.parameters()], allow_unused=True)
+    assert chunked.n_labels == 19 + 9 + 30
+    assert chunked.loss_sum.item() == pytest.approx(dense.item(), rel=1e-6)
+    compared = 0
+    for gd, gc in zip(grads_dense, grads_chunked):
+        assert (gd is None) == (gc is None)
+        if gd is not None:
+            torch.testing.assert_close(gc, gd, rtol=1e-4, atol=1e-5)  # fp32 sums reordered
+            compared += 1
+    assert compared > 10
+
+
+def test_head_runs_only_on_labelled_rows(models):
+    model, _ = models("modernbert")
+    _, decoder = mlm_head_parts(model)
+    rows = []
+    hook = decoder.register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[0]))
+    try:
+        batch = batch_for(model, [[20, 6]], 32)
+        with torch.no_grad():
+            clm = clm_loss(model, batch, chunk_size=8)
+            mlm = mlm_loss(model, batch, 0.3, torch.Generator().manual_seed(0))
+    finally:
+        hook.remove()
+    assert sum(rows) == clm.n_labels + mlm.n_labels
+    assert max(rows) <= 8  # CLM chunks of 8 rows; MLM masks about 8 of 26 tokens
+
+
+def test_clm_loss_equals_modernbert_decoder_on_same_weights(models):
+    model, _ = models("modernbert")
+    fields = {k: v for k, v in model.config.to_dict().items() if k not in ("model_type", "architectures")}
+    # the decoder's sliding window is one token narrower on each side: + 2 gives the same window
+    fields["local_attention"] = model.config.local_attention + 2
+    decoder_model = ModernBertDecoderForCausalLM(ModernBertDecoderConfig(**fields)).eval()
+    assert decoder_model.config.layer_types == model.config.layer_types
+    state = {}
+    for key, value in model.state_dict().items():
+        if key.endswith("attn.Wqkv.weight"):
+            for name, part in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3, dim=0)):
+                state[key.replace("Wqkv", name)] = part
+        else:
+            state[key.replace("head.", "lm_head.", 1) if key.startswith("head.") else key] = value
+    missing, unexpected = decoder_model.load_state_dict(state, strict=False)
+    assert not unexpected and all("decoder.weight" in k for k in missing)
+    decoder_model.tie_weights()
+    batch = batch_for(model, [[40], [40]], 40)  # one document per row: the decoder does not pack
+    with torch.no_grad():
+        ours = clm_loss(model, batch)
+        ref = decoder_model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+    assert ours.n_labels == 2 * 39
+    assert ours.loss_sum.item() / ours.n_labels == pytest.approx(ref.item(), rel=1e-5)
+
+
+def test_clm_loss_equals_bert_lm_head_model_on_same_weights(models):
+    model, _ = models("bert")
+    config = model.config.to_dict()
+    config.update(is_decoder=True)
+    reference = BertLMHeadModel(type(model.config).from_dict(config)).eval()
+    missing, unexpected = reference.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and not unexpected
+    batch = batch_for(model, [[48], [48]], 48)
+    with torch.no_grad():
+        ours = clm_loss(model, batch)
+        ref = reference(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+    assert ours.loss_sum.item() / ours.n_labels == pytest.approx(ref.item(), rel=1e-5)
+
+
+def test_mlm_masking_rate_split_and_specials(minilm_tokenizer):
+    special = torch.tensor(special_token_ids(minilm_tokenizer))
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 30522, (40, 1000), generator=gen)
+    ids[:, ::10] = 101  # [CLS]-like separators that must never be masked
+    ids[:, -50:] = 0  # padding
+    maskable = ~torch.isin(ids, special)
+    vocab = torch.arange(30522)
+    pool = vocab[~torch.isin(vocab, special)]
+    inputs, labels = mlm_masking(ids, maskable, 0.3, torch.Generator().manual_seed(7), 103, pool)
+    picked = labels != -100
+    assert not picked[~maskable].any()  # specials, separators and padding untouched
+    assert torch.equal(inputs[~picked], ids[~picked])
+    assert torch.equal(labels[picked], ids[picked])
+    rate = picked.sum().item() / maskable.sum().item()
+    assert rate == pytest.approx(0.3, abs=0.01)
+    n = picked.sum().item()
+    as_mask = (inputs[picked] == 103).sum().item() / n
+    kept = (inputs[picked] == ids[picked]).sum().item() / n
+    randomised = 1 - as_mask - kept
+    assert as_mask == pytest.approx(0.8, abs=0.015)
+    assert kept == pytest.approx(0.1, abs=0.01)  # a random draw equal to the original counts here: rare
+    assert randomised == pytest.approx(0.1, abs=0.01)
+    assert not torch.isin(inputs[picked & (inputs != 103)], special).any()
+    again, _ = mlm_masking(ids, maskable, 0.3, torch.Generator().manual_seed(7), 103, pool)
+    assert torch.equal(again, inputs)  # same generator seed, same masking
+
+
+def test_mlm_loss_never_labels_special_tokens(models):
+    model, tok = models("bert")
+    batch = batch_for(model, [[30, 25]], 64)
+    batch["input_ids"][0, 0] = tok.cls_token_id
+    batch["input_ids"][0, 29] = tok.sep_token_id
+    with torch.no_grad():
+        out = mlm_loss(model, batch, 1.0, torch.Generator().manual_seed(0))
+    assert out.n_labels == 55 - 2  # every real token but [CLS] and [SEP]; never the 9 pads
+    assert torch.isfinite(out.loss_sum) and out.loss_sum > 0
+
+
+def test_objective_dispatch_and_errors(models):
+    model, _ = models("modernbert")
+    batch = batch_for(model, [[16]], 16)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        assert objective_loss(model, batch, "clm", None, gen).n_labels == 15
+        assert objective_loss(model, batch, "mlm", 0.5, gen).n_labels > 0
+    with pytest.raises(DetourError, match="mask_rate"):
+        objective_loss(model, batch, "mlm", None, gen)
+    with pytest.raises(DetourError, match="objective"):
+        objective_loss(model, batch, "lm", None, gen)
+
+
+def test_bert_positions_beyond_table_are_a_clear_error(models):
+    model, _ = models("roberta")  # 130 positions, offset 2 -> 128 usable
+    batch = batch_for(model, [[100, 100]], 200)
+    with pytest.raises(DetourError, match="max_position_embeddings"):
+        clm_loss(model, batch)
+    assert encoder_body(model) is model.roberta
