@@ -1,0 +1,433 @@
+"""`detour needle`: can a frozen encoder tell whether a fact sits somewhere in a long document?
+
+    detour needle <model folder> --preset small --lang en --out runs/needle
+    detour needle <model folder> --preset paper --haystack ../shared/data/corpora/en-biomed/e3c-en-layer3.jsonl
+
+The paper's probe. A fact sentence (the needle, see `needle_templates`) is inserted at the start,
+middle or end of a haystack cut to a target length in tokens; the query is the same fact (positive)
+or the same template with other slot values (negative), balanced within every length x position
+cell. The model reads `query [SEP] haystack` at the target length (the haystack is cut at a token
+boundary, never the needle; retokenising at the seams may leave it a token short; a middle needle
+goes at the sentence or word start nearest the middle). Pairs are
+split 70/15/15 (seeded); a 2-layer MLP probe (dropout, linear, GELU, dropout, linear; `--linear`: one
+linear layer) on the frozen encoder's CLS vector is trained on train, its epoch chosen by validation
+accuracy, and scored on test: overall, per length, per position, per length x position.
+
+The encoder is frozen and in eval mode (no dropout), so its CLS vectors are computed once and
+cached: training the probe on them is exactly training it on top of the frozen encoder, only
+faster. Both presets do this. The paper's probe setting (3 epochs, lr 2e-5, batch 4) is the `paper`
+preset; the `small` preset (150 pairs, lengths 128-512, for CPUs) trains the probe longer and with a
+higher learning rate (30 epochs, lr 1e-3, batch 8), because 105 training pairs x 3 epochs at 2e-5
+barely move a freshly initialised probe. Haystacks: a corpus file (`.jsonl` with a "text" field, or
+plain text with one document a line) or `synthetic` (the embedded SYNTHETIC corpus,
+`detour.data.synthetic`; say so when reporting). Writes OUT/needle.json and OUT/needle.png.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from detour.errors import DetourError
+from detour.eval.needle_templates import TEMPLATES, Fact, make_fact
+
+POSITIONS = ("start", "middle", "end")
+
+
+class Preset(BaseModel):
+    """A needle preset (src/detour/eval/presets/needle-*.yaml); CLI flags override its fields."""
+
+    model_config = ConfigDict(extra="forbid")
+    lengths: list[int]
+    pairs: int
+    positions: list[str] = list(POSITIONS)
+    split: tuple[float, float, float] = (0.7, 0.15, 0.15)
+    epochs: int
+    lr: float
+    batch_size: int
+    dropout: float = 0.1
+    encode_batch: int = 8
+    synthetic_docs: int = 300
+
+
+def load_preset(name_or_path: str) -> Preset:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise DetourError(f"--preset {path}: no such file")
+        text = path.read_text(encoding="utf-8")
+    else:
+        res = resources.files("detour.eval") / "presets" / f"needle-{name_or_path}.yaml"
+        if not res.is_file():
+            raise DetourError(f"--preset {name_or_path!r}: no shipped preset of that name (small, paper) and not a .yaml file")
+        path, text = Path(str(res)), res.read_text(encoding="utf-8")
+    try:
+        return Preset(**(yaml.safe_load(text) or {}))
+    except ValidationError as exc:
+        raise DetourError(f"{path}: {exc}") from exc
+
+
+@dataclass
+class Pair:
+    fact: Fact
+    length: int
+    position: str
+    input_ids: list[int]
+    token_type_ids: list[int] | None
+
+
+# ---- haystacks ----
+
+def read_haystack(source: str, lang: str, n_docs: int, seed: int) -> list[str]:
+    """Documents from `synthetic`, a `.jsonl` file (field "text") or a text file (one a line)."""
+    if source == "synthetic":
+        from detour.data.synthetic import generate_documents
+
+        return list(generate_documents(n_docs, seed=seed, lang=lang))
+    path = Path(source)
+    if not path.is_file():
+        raise DetourError(f"--haystack {path}: no such file (or say `synthetic`)")
+    docs = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    text = json.loads(line)["text"]
+                except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                    raise DetourError(f"{path}:{lineno}: expected a JSON object with a 'text' field ({exc})") from exc
+            else:
+                text = line.strip()
+            if text.strip():
+                docs.append(text.strip())
+    if not docs:
+        raise DetourError(f"--haystack {path}: no documents in it")
+    return docs
+
+
+class Haystacks:
+    """Tokenised documents, cut into haystacks of an exact number of tokens (documents chained)."""
+
+    def __init__(self, docs: list[str], tokenizer):
+        self.docs = docs
+        self.tokenizer = tokenizer
+        self._encoded: dict[int, list[tuple[int, int]]] = {}
+
+    def _offsets(self, i: int) -> list[tuple[int, int]]:
+        if i not in self._encoded:
+            enc = self.tokenizer(self.docs[i], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+            self._encoded[i] = [tuple(o) for o in enc["offset_mapping"]]
+        return self._encoded[i]
+
+    def cut(self, n_tokens: int, first_doc: int) -> tuple[str, list[int]]:
+        """Text of at most `n_tokens` tokens from document `first_doc` on, ending on a whole word,
+        and the char offset where each of its tokens starts."""
+        text, starts = "", []
+        i, whole_doc = first_doc, True
+        while len(starts) < n_tokens:
+            if i - first_doc > len(self.docs) + n_tokens:  # every document is empty of tokens
+                raise DetourError("the haystack documents produce no tokens")
+            doc, offsets = self.docs[i % len(self.docs)], self._offsets(i % len(self.docs))
+            take = offsets[: n_tokens - len(starts)]
+            i += 1
+            if not take:
+                continue
+            base = len(text) + (1 if text else 0)
+            text = (text + " " if text else "") + doc[: take[-1][1]]
+            starts += [base + s for s, _ in take]
+            whole_doc = len(take) == len(offsets)
+        if not whole_doc:
+            # End on a whole word: a word cut after one of its sub-tokens would retokenise differently.
+            k = max((k for k in range(1, len(starts)) if text[starts[k] - 1].isspace()), default=len(starts))
+            text, starts = text[: starts[k]].rstrip(), starts[:k]
+        return text, starts
+
+
+def _insertion_point(text: str, starts: list[int], position: str) -> int:
+    """A char offset: 0, the end, or the word start nearest the middle (after a '.' if one is close)."""
+    if position == "start":
+        return 0
+    if position == "end":
+        return len(text)
+    mid = len(starts) // 2
+    word_starts = [k for k in range(1, len(starts)) if text[starts[k] - 1].isspace()]
+    if not word_starts:
+        return starts[mid] if starts else 0
+
+    def after_period(k: int) -> bool:
+        j = starts[k] - 1
+        while j >= 0 and text[j].isspace():
+            j -= 1
+        return j >= 0 and text[j] == "."
+
+    window = max(16, len(starts) // 8)
+    sentence = [k for k in word_starts if abs(k - mid) <= window and after_period(k)]
+    best = min(sentence or word_starts, key=lambda k: abs(k - mid))
+    return starts[best]
+
+
+def build_pair(fact: Fact, length: int, position: str, hay: Haystacks, first_doc: int) -> Pair:
+    """Encode `query [SEP] haystack-with-needle` at exactly `length` tokens, never cutting the needle."""
+    tok = hay.tokenizer
+    fixed = len(tok(fact.query, fact.needle)["input_ids"])
+    budget = length - fixed
+    if budget < 8:
+        raise DetourError(f"length {length} is too short: the query and the needle alone take {fixed} tokens")
+    for _ in range(16):
+        text, starts = hay.cut(budget, first_doc)
+        at = _insertion_point(text, starts, position)
+        haystack = " ".join(p for p in (text[:at].rstrip(), fact.needle, text[at:].lstrip()) if p)
+        enc = tok(fact.query, haystack)
+        excess = len(enc["input_ids"]) - length
+        if excess <= 0:
+            break
+        budget -= excess  # retokenising at the seams can add a token or two: cut the haystack, not the needle
+    else:
+        raise DetourError(f"could not fit a haystack to {length} tokens")
+    return Pair(fact, length, position, enc["input_ids"], enc.get("token_type_ids"))
+
+
+def make_pairs(n: int, lengths: list[int], positions: list[str], lang: str, hay: Haystacks, seed: int) -> list[Pair]:
+    """n pairs over lengths x positions; labels alternate within each cell; templates cycle."""
+    rng = random.Random(seed)
+    cells = [(length, pos) for length in lengths for pos in positions]
+    names = list(TEMPLATES[lang])
+    pairs = []
+    for i in range(n):
+        length, position = cells[i % len(cells)]
+        label = 1 - (i // len(cells)) % 2
+        fact = make_fact(names[i % len(names)], lang, label, rng)
+        pairs.append(build_pair(fact, length, position, hay, rng.randrange(len(hay.docs))))
+    return pairs
+
+
+# ---- frozen features and the probe ----
+
+def cls_features(model, pairs: list[Pair], batch_size: int, device) -> np.ndarray:
+    """CLS vectors of the frozen encoder (last hidden state, position 0), padded per batch."""
+    import torch
+
+    pad_id = model.config.pad_token_id or 0
+    feats = np.zeros((len(pairs), model.config.hidden_size), dtype=np.float32)
+    order = sorted(range(len(pairs)), key=lambda k: len(pairs[k].input_ids))
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    with torch.inference_mode(), autocast:
+        for b in range(0, len(order), batch_size):
+            idx = order[b: b + batch_size]
+            width = max(len(pairs[k].input_ids) for k in idx)
+            ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            types = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, k in enumerate(idx):
+                n = len(pairs[k].input_ids)
+                ids[r, :n] = torch.tensor(pairs[k].input_ids)
+                mask[r, :n] = 1
+                if pairs[k].token_type_ids is not None:
+                    types[r, :n] = torch.tensor(pairs[k].token_type_ids)
+            kwargs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+            if pairs[0].token_type_ids is not None and "token_type_ids" in inspect.signature(model.forward).parameters:
+                kwargs["token_type_ids"] = types.to(device)
+            out = model(**kwargs)
+            feats[idx] = out.last_hidden_state[:, 0].float().cpu().numpy()
+    return feats
+
+
+def make_probe(hidden: int, dropout: float, linear: bool):
+    from torch import nn
+
+    if linear:
+        return nn.Linear(hidden, 2)
+    return nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, 2))
+
+
+def train_probe(x: np.ndarray, y: np.ndarray, splits: dict, preset: Preset, linear: bool, seed: int):
+    """Train on the train split; keep the epoch with the best validation accuracy; predict every pair."""
+    import torch
+
+    torch.manual_seed(seed)
+    probe = make_probe(x.shape[1], preset.dropout, linear)
+    opt = torch.optim.AdamW(probe.parameters(), lr=preset.lr)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
+    gen = torch.Generator().manual_seed(seed)
+    train, val = torch.tensor(splits["train"]), torch.tensor(splits["val"])
+    best = (-1.0, 0, None)
+    history = []
+    for epoch in range(1, preset.epochs + 1):
+        probe.train()
+        for b in train[torch.randperm(len(train), generator=gen)].split(preset.batch_size):
+            loss = torch.nn.functional.cross_entropy(probe(xt[b]), yt[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        probe.eval()
+        with torch.no_grad():
+            val_acc = float((probe(xt[val]).argmax(-1) == yt[val]).float().mean()) if len(val) else 0.0
+        history.append(val_acc)
+        if val_acc > best[0]:
+            best = (val_acc, epoch, {k: v.clone() for k, v in probe.state_dict().items()})
+    probe.load_state_dict(best[2])
+    probe.eval()
+    with torch.no_grad():
+        pred = probe(xt).argmax(-1).numpy()
+    return pred, best[1], best[0], history
+
+
+def split_indices(n: int, fractions, seed: int) -> dict[str, list[int]]:
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    n_train, n_val = round(fractions[0] * n), round(fractions[1] * n)
+    return {"train": order[:n_train], "val": order[n_train: n_train + n_val], "test": order[n_train + n_val:]}
+
+
+def accuracy_table(pairs: list[Pair], pred: np.ndarray, idx: list[int]) -> dict:
+    """Accuracy overall, per length, per position and per length x position, with counts."""
+    def acc(sel):
+        return {"accuracy": float(np.mean([pred[k] == pairs[k].fact.label for k in sel])) if sel else None, "n": len(sel)}
+
+    lengths = sorted({p.length for p in pairs})
+    positions = [p for p in POSITIONS if any(q.position == p for q in pairs)]
+    return {
+        "overall": acc(idx),
+        "per_length": {str(n): acc([k for k in idx if pairs[k].length == n]) for n in lengths},
+        "per_position": {p: acc([k for k in idx if pairs[k].position == p]) for p in positions},
+        "per_length_position": {str(n): {p: acc([k for k in idx if pairs[k].length == n and pairs[k].position == p])
+                                         for p in positions} for n in lengths},
+    }
+
+
+# ---- outputs ----
+
+def _atomic(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    test = result["test"]
+    lengths = [int(n) for n in test["per_length"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for pos in test["per_position"]:
+        ys = [test["per_length_position"][str(n)][pos]["accuracy"] for n in lengths]
+        ax.plot(lengths, [np.nan if y is None else y for y in ys], marker="o", label=pos)
+    ax.plot(lengths, [test["per_length"][str(n)]["accuracy"] or np.nan for n in lengths], "k--", marker="s", label="all")
+    ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("input length (tokens)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"needle probe: {Path(result['config']['model']).name} ({result['config']['lang']}), "
+                 f"overall {test['overall']['accuracy']:.3f}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+
+
+def needle(model_path: str, preset: Preset, lang: str, haystack: str, out: Path, seed: int = 0,
+           linear: bool = False, device: str | None = None) -> dict:
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    if lang not in TEMPLATES:
+        raise DetourError(f"--lang {lang!r}: choose from {', '.join(TEMPLATES)}")
+    bad = [p for p in preset.positions if p not in POSITIONS]
+    if bad or not preset.lengths or preset.pairs < 2 * len(preset.lengths) * len(preset.positions):
+        raise DetourError(f"preset: positions must be among {POSITIONS} and pairs at least 2 per length x position cell")
+    t0 = time.time()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModel.from_pretrained(model_path)
+    except OSError as exc:
+        raise DetourError(f"{model_path}: cannot load a tokenizer and encoder from it ({exc})") from exc
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos and max(preset.lengths) > max_pos:
+        raise DetourError(f"--lengths: {max(preset.lengths)} exceeds the model's max_position_embeddings ({max_pos})")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(dev).eval().requires_grad_(False)
+
+    docs = read_haystack(haystack, lang, preset.synthetic_docs, seed)
+    pairs = make_pairs(preset.pairs, preset.lengths, preset.positions, lang, Haystacks(docs, tokenizer), seed)
+    t_pairs = time.time()
+    feats = cls_features(model, pairs, preset.encode_batch, dev)
+    t_feats = time.time()
+    labels = np.array([p.fact.label for p in pairs])
+    splits = split_indices(len(pairs), preset.split, seed)
+    pred, epoch, val_acc, history = train_probe(feats, labels, splits, preset, linear, seed)
+    result = {
+        "schema": "detour.needle/1",
+        "config": {"model": str(model_path), "lang": lang, "haystack": haystack, "seed": seed,
+                   "probe": "linear" if linear else "mlp", **preset.model_dump(), "device": str(dev),
+                   "features": "frozen CLS vectors (eval mode) computed once and cached"},
+        "counts": {k: len(v) for k, v in splits.items()},
+        "selected_epoch": epoch, "val_accuracy": val_acc, "val_history": history,
+        "test": accuracy_table(pairs, pred, splits["test"]),
+        "train": {"overall": accuracy_table(pairs, pred, splits["train"])["overall"]},
+        "timings": {"pairs_s": round(t_pairs - t0, 2), "encode_s": round(t_feats - t_pairs, 2),
+                    "probe_s": round(time.time() - t_feats, 2)},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    plot(result, out / "needle.png")
+    _atomic(out / "needle.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=2), encoding="utf-8"))
+    return result
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", help="encoder folder or Hugging Face name (tokenizer and model)")
+    parser.add_argument("--preset", default="small", help="small (CPU), paper (GPU), or a preset .yaml file")
+    parser.add_argument("--lang", default="en", choices=sorted(TEMPLATES), help="language of the facts")
+    parser.add_argument("--lengths", help="comma-separated input lengths in tokens (overrides the preset)")
+    parser.add_argument("--pairs", type=int, help="number of query/haystack pairs (overrides the preset)")
+    parser.add_argument("--haystack", default="synthetic",
+                        help="corpus file (.jsonl with 'text', or one document a line) or 'synthetic' (default)")
+    parser.add_argument("--out", type=Path, default=Path("runs/needle"), help="output folder (default runs/needle)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--linear", action="store_true", help="linear probe instead of the 2-layer MLP")
+    parser.add_argument("--epochs", type=int, help="probe epochs (overrides the preset)")
+    parser.add_argument("--lr", type=float, help="probe learning rate (overrides the preset)")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+
+
+def run(args) -> int:
+    preset = load_preset(args.preset)
+    overrides = {"pairs": args.pairs, "epochs": args.epochs, "lr": args.lr}
+    if args.lengths:
+        try:
+            overrides["lengths"] = [int(x) for x in args.lengths.split(",") if x.strip()]
+        except ValueError as exc:
+            raise DetourError(f"--lengths {args.lengths!r}: expected comma-separated integers") from exc
+    preset = preset.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    result = needle(args.model, preset, args.lang, args.haystack, args.out, args.seed, args.linear, args.device)
+    test = result["test"]
+    print(f"needle probe ({result['config']['probe']}, {args.lang}, haystack {args.haystack}): "
+          f"test accuracy {test['overall']['accuracy']:.3f} on {test['overall']['n']} pairs "
+          f"(validation {result['val_accuracy']:.3f}, epoch {result['selected_epoch']})")
+    for n, row in test["per_length"].items():
+        cells = "  ".join(f"{p} {v['accuracy']:.2f}" if v["accuracy"] is not None else f"{p} -"
+                          for p, v in test["per_length_position"][n].items())
+        print(f"  length {n:>5}: {row['accuracy']:.3f}   ({cells})")
+    print(f"wrote {args.out / 'needle.json'} and {args.out / 'needle.png'}")
+    return 0

@@ -1,0 +1,124 @@
+"""`detour needle`: the fact generator, the haystack pairs, and the probe end to end on a tiny ModernBERT."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from collections import Counter
+
+import pytest
+
+from detour.cli import main
+from detour.eval.needle import Haystacks, make_pairs
+from detour.eval.needle_templates import LEXICONS, TEMPLATES, make_fact, slots
+
+
+def _pattern(template: str, lexicon: dict) -> re.Pattern:
+    """The template's non-slot text kept literally; each slot one value of its lexicon."""
+    parts = re.split(r"\{(\w+)\}", template)
+    return re.compile("".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>{'|'.join(map(re.escape, lexicon[p]))})"
+                              for i, p in enumerate(parts)) + r"\Z")
+
+
+@pytest.mark.parametrize("lang", sorted(TEMPLATES))
+def test_positives_and_negatives_differ_only_in_slot_values(lang):
+    assert len(TEMPLATES[lang]) == 8
+    rng = random.Random(0)
+    for name, template in TEMPLATES[lang].items():
+        assert 2 <= len(slots(template)) <= 4, name
+        for label in (1, 0) * 20:
+            fact = make_fact(name, lang, label, rng)
+            pattern = _pattern(template, LEXICONS[lang])
+            needle, query = pattern.match(fact.needle), pattern.match(fact.query)
+            assert needle and query, (fact.needle, fact.query)  # same template, same non-slot text
+            assert needle.groupdict() == fact.needle_values and query.groupdict() == fact.query_values
+            for slot, value in fact.needle_values.items():
+                assert value in LEXICONS[lang][slot]
+                assert (fact.query_values[slot] == value) == bool(label)  # a negative changes every slot
+            assert (fact.query == fact.needle) == bool(label)
+
+
+@pytest.fixture(scope="module")
+def tiny_needle_model(tmp_path_factory, minilm):
+    """A tiny random ModernBERT (1,024 positions) saved with the MiniLM tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, ModernBertModel
+
+    from tests.conftest import tiny_modernbert_config
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-modernbert")
+    ModernBertModel(tiny_modernbert_config(max_position_embeddings=1024)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(minilm).save_pretrained(folder)
+    return folder
+
+
+def _contains(seq: list[int], sub: list[int]) -> int:
+    for i in range(len(seq) - len(sub) + 1):
+        if seq[i: i + len(sub)] == sub:
+            return i
+    return -1
+
+
+def test_pairs_keep_the_needle_at_its_position_and_fit_the_length(minilm_tokenizer, shared_data):
+    docs = (shared_data / "corpora/en-biomed/pubmed-abstracts-1mb.txt").read_text(encoding="utf-8").splitlines()[:40]
+    hay = Haystacks(docs, minilm_tokenizer)
+    pairs = make_pairs(36, [64, 200], ["start", "middle", "end"], "en", hay, seed=1)
+    sep = minilm_tokenizer.sep_token_id
+    cells = Counter((p.length, p.position, p.fact.label) for p in pairs)
+    assert set(cells.values()) == {3}  # balanced: 3 positives and 3 negatives in each length x position
+    for p in pairs:
+        ids = p.input_ids
+        assert p.length - 6 <= len(ids) <= p.length
+        needle = minilm_tokenizer(p.fact.needle, add_special_tokens=False)["input_ids"]
+        query = minilm_tokenizer(p.fact.query, add_special_tokens=False)["input_ids"]
+        assert ids[1: 1 + len(query)] == query and ids[1 + len(query)] == sep
+        hay_start = 2 + len(query)
+        at = _contains(ids[hay_start:], needle)
+        assert at >= 0, p.fact.needle
+        if p.position == "start":
+            assert at == 0
+        elif p.position == "end":
+            assert hay_start + at + len(needle) == len(ids) - 1
+        else:
+            n_hay = len(ids) - 1 - hay_start - len(needle)
+            assert abs(at - n_hay / 2) <= max(16, n_hay // 8) + 8
+
+
+def test_needle_end_to_end_on_tiny_modernbert(tiny_needle_model, tmp_path, capsys):
+    out = tmp_path / "needle"
+    start = time.time()
+    code = main(["needle", str(tiny_needle_model), "--preset", "small", "--lengths", "128,256,512",
+                 "--pairs", "150", "--out", str(out), "--device", "cpu"])
+    elapsed = time.time() - start
+    assert code == 0
+    assert elapsed < 120
+    result = json.loads((out / "needle.json").read_text())
+    assert result["counts"] == {"train": 105, "val": 22, "test": 23}
+    test = result["test"]
+    assert test["overall"]["n"] == 23 and 0.0 <= test["overall"]["accuracy"] <= 1.0
+    assert set(test["per_length"]) == {"128", "256", "512"}
+    assert set(test["per_position"]) == {"start", "middle", "end"}
+    assert sum(c["n"] for row in test["per_length_position"].values() for c in row.values()) == 23
+    assert (out / "needle.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "test accuracy" in capsys.readouterr().out
+
+
+def test_linear_probe_on_a_corpus_file_in_french(tiny_needle_model, tmp_path, shared_data):
+    out = tmp_path / "fr"
+    haystack = shared_data / "corpora/fr-biomed/e3c-fr-layer3-sample.jsonl"
+    assert main(["needle", str(tiny_needle_model), "--lang", "fr", "--haystack", str(haystack), "--linear",
+                 "--lengths", "128,256", "--pairs", "24", "--epochs", "3", "--out", str(out)]) == 0
+    result = json.loads((out / "needle.json").read_text())
+    assert result["config"]["probe"] == "linear" and result["config"]["lang"] == "fr"
+    assert len(result["val_history"]) == 3
+
+
+def test_clear_errors(tiny_needle_model, tmp_path, capsys):
+    assert main(["needle", str(tiny_needle_model), "--lengths", "2048", "--out", str(tmp_path)]) == 2
+    assert "max_position_embeddings (1024)" in capsys.readouterr().err
+    assert main(["needle", str(tiny_needle_model), "--haystack", str(tmp_path / "none.txt"), "--out", str(tmp_path)]) == 2
+    assert main(["needle", str(tiny_needle_model), "--preset", "huge"]) == 2
+    assert not (tmp_path / "needle.json").exists()
