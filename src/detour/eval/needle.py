@@ -332,7 +332,8 @@ def plot(result: dict, path: Path) -> None:
     for pos in test["per_position"]:
         ys = [test["per_length_position"][str(n)][pos]["accuracy"] for n in lengths]
         ax.plot(lengths, [np.nan if y is None else y for y in ys], marker="o", label=pos)
-    ax.plot(lengths, [test["per_length"][str(n)]["accuracy"] or np.nan for n in lengths], "k--", marker="s", label="all")
+    overall = [test["per_length"][str(n)]["accuracy"] for n in lengths]
+    ax.plot(lengths, [np.nan if y is None else y for y in overall], "k--", marker="s", label="all")
     ax.axhline(0.5, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(n) for n in lengths])
@@ -428,6 +429,7 @@ def run(args) -> int:
     for n, row in test["per_length"].items():
         cells = "  ".join(f"{p} {v['accuracy']:.2f}" if v["accuracy"] is not None else f"{p} -"
                           for p, v in test["per_length_position"][n].items())
-        print(f"  length {n:>5}: {row['accuracy']:.3f}   ({cells})")
+        acc = "-" if row["accuracy"] is None else f"{row['accuracy']:.3f}"
+        print(f"  length {n:>5}: {acc}   ({cells})")
     print(f"wrote {args.out / 'needle.json'} and {args.out / 'needle.png'}")
     return 0
