@@ -20,31 +20,51 @@ import yaml
 from detour.errors import DetourError
 
 
+def _hub_name(base) -> str | None:
+    """`base` when it reads as a hub id (org/name), for the card's metadata; else None."""
+    text = str(base or "")
+    looks_like_hub = text.count("/") == 1 and " " not in text and not Path(text).exists()
+    return text if looks_like_hub else None
+
+
+def _describe(source) -> str:
+    if not isinstance(source, dict):
+        return str(source)
+    extra = ", ".join(f"{k} {v}" for k, v in source.items() if k != "path" and v not in (None, [], ""))
+    return f"`{source.get('path', '?')}`" + (f" ({extra})" if extra else "")
+
+
 def _card(card: dict, model) -> str:
     base = card.get("base_model")
     front = {"library_name": "transformers", "pipeline_tag": "fill-mask", "tags": ["detour", "continued-pretraining"]}
-    if base and not Path(str(base)).is_absolute():
-        front["base_model"] = str(base)  # the hub metadata field takes hub names only
+    if _hub_name(base):
+        front["base_model"] = _hub_name(base)
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", ""]
     lines += [f"# {card.get('name', 'detour export')}", ""]
     lines += [
         f"A `{type(model).__name__}` ({model.config.model_type}) continued-pretrained with "
-        f"detour (a CLM phase, then an MLM decay) from `{base}`.",
+        f"detour (a CLM phase, then an MLM decay) from `{base}`. It loads with "
+        "`AutoModelForMaskedLM.from_pretrained`; its config is an ordinary bidirectional encoder.",
         "",
         "## Phases",
         "",
-        "| phase | objective | tokens | final loss |",
-        "|---|---|---:|---:|",
+        "| phase | objective | mask rate | token budget | tokens trained | final loss |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for phase in card.get("phases", []):
         loss = phase.get("final_loss")
-        loss_text = f"{loss:.4f}" if isinstance(loss, (int, float)) else "-"
-        lines.append(f"| {phase.get('name', '')} | {phase.get('objective', '')} | {phase.get('tokens', '')} | {loss_text} |")
+        cells = [
+            phase.get("name", ""),
+            phase.get("objective", ""),
+            phase.get("mask_rate") if phase.get("mask_rate") is not None else "-",
+            phase.get("tokens", ""),
+            phase.get("tokens_done", "-"),
+            f"{loss:.4f}" if isinstance(loss, (int, float)) else "-",
+        ]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", "## Data", ""]
     sources = card.get("data") or card.get("data_sources") or []
-    if isinstance(sources, dict):
-        sources = [f"{k}: {v}" for k, v in sources.items()]
-    lines += [f"- {s}" for s in sources] or ["- (not recorded)"]
+    lines += [f"- {_describe(s)}" for s in sources] or ["- (not recorded)"]
     if card.get("notes"):
         lines += ["", "## Notes", "", str(card["notes"])]
     lines += ["", "## Recipe", "", "```yaml", yaml.safe_dump(card.get("recipe", {}), sort_keys=False).strip(), "```", ""]
