@@ -17,13 +17,15 @@ TINY_ROBERTA = dict(
 
 
 def build(kind: str, minilm, attn: str = "sdpa"):
-    """(model, tokenizer) in eval mode: 'modernbert' (tiny, sliding layers), 'bert' (MiniLM), 'roberta' (tiny)."""
+    """(model, tokenizer) in eval mode: 'modernbert' (tiny, sliding layers), 'bert' (MiniLM), or a
+    tiny 'roberta' / 'camembert' / 'xlm-roberta'."""
     if kind == "modernbert":
         model, tok = load_mlm_model(config=tiny_modernbert_config(), tokenizer=minilm, attn_implementation=attn, seed=0)
     elif kind == "bert":
         model, tok = load_mlm_model(minilm, attn_implementation=attn, seed=0)
     else:
-        model, tok = load_mlm_model(config=TINY_ROBERTA, tokenizer=minilm, attn_implementation=attn, seed=0)
+        config = {**TINY_ROBERTA, "model_type": kind}
+        model, tok = load_mlm_model(config=config, tokenizer=minilm, attn_implementation=attn, seed=0)
     return model.eval(), tok
 
 

@@ -59,7 +59,7 @@ def test_bert_family_mask_is_one_4d_tensor(models, kind, attn):
 @pytest.mark.parametrize(
     "kind,attn",
     [("modernbert", "sdpa"), ("modernbert", "eager"), ("bert", "sdpa"), ("bert", "eager"),
-     ("roberta", "sdpa"), ("roberta", "eager")],
+     ("roberta", "sdpa"), ("roberta", "eager"), ("camembert", "sdpa"), ("xlm-roberta", "eager")],
 )
 def test_causal_exact_and_documents_isolated_in_every_layer(models, kind, attn):
     model, _ = models(kind, attn)
