@@ -1,0 +1,340 @@
+"""Readers of task files: each turns one split file (or folder) into a list of example dicts.
+
+    python -c "from detour.eval.tasks import load_spec; from detour.eval.formats import read_split; \
+print(read_split(load_spec('gad'), 'train')[0])"
+
+Example dicts, by kind:
+- token tasks: {"tokens": [...], "tags": [...], "doc": id}
+- text tasks: {"text": str, "label": str, "doc": id} or, multi-label, {"text": str, "labels": [...], "doc": id}
+
+`doc` groups examples that must stay in the same split (a sentence's abstract, a document).
+All readers accept CRLF files and report malformed lines with the file and line number.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+from detour.errors import DetourError
+from detour.eval.tasks import TaskSpec, register_format
+
+HEADER_NAMES = {"label", "labels", "sentence", "text", "index", "id", "sentence1", "tag", "tags"}
+
+
+def read_split(spec: TaskSpec, split: str) -> list[dict]:
+    from detour.eval.tasks import get_format
+
+    path = spec.path(split)
+    if isinstance(path, Path) and not path.exists():
+        raise DetourError(f"task {spec.name}: {split} data not found at {path} (see --data-root)")
+    examples = get_format(spec.format)(path, spec, split=split)
+    if not examples:
+        raise DetourError(f"task {spec.name}: no examples read from {path}")
+    return examples
+
+
+def _lines(path: Path):
+    with open(path, encoding="utf-8", newline="") as fh:
+        for n, line in enumerate(fh, 1):
+            yield n, line.rstrip("\r\n")
+
+
+IOB_SUFFIXES = (".tsv", ".txt", ".iob", ".iob2", ".iobes", ".conll", ".bio")
+
+
+@register_format("iob")
+def read_iob(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
+    """Token-per-line IOB2/IOBES files, tab- or space-separated (last column is the tag);
+    blank lines end sentences; `-DOCSTART-` lines start a new document and are not sentences.
+    A folder reads every token file in it (sorted), each file its own document(s)."""
+    path = Path(path)
+    if path.is_dir():
+        out = []
+        for f in sorted(p for p in path.iterdir() if p.suffix.lower() in IOB_SUFFIXES):
+            out.extend({**ex, "doc": f"{f.stem}/{ex['doc']}" if _has_docstart(f) else f.stem} for ex in read_iob(f, spec))
+        return out
+    out, tokens, tags = [], [], []
+    doc = 0
+    sentence_docs = not _has_docstart(path)
+
+    def flush():
+        nonlocal tokens, tags
+        if tokens:
+            out.append({"tokens": tokens, "tags": tags, "doc": len(out) if sentence_docs else doc})
+        tokens, tags = [], []
+
+    for n, line in _lines(path):
+        if not line.strip():
+            flush()
+            continue
+        parts = line.split("\t") if "\t" in line else line.split()
+        if parts[0] == "-DOCSTART-":
+            flush()
+            doc += 1
+            continue
+        if len(parts) < 2:
+            raise DetourError(f"{path}:{n}: expected 'token<TAB or space>tag', got {line!r}")
+        tag = parts[-1].strip()
+        if tag != "O" and not re.match(r"^[BIES]-.+", tag):
+            raise DetourError(f"{path}:{n}: tag {tag!r} is not O or B-/I-/E-/S-<type>")
+        tokens.append(parts[0])
+        tags.append(tag)
+    flush()
+    return out
+
+
+def _has_docstart(path: Path) -> bool:
+    return any(line.startswith("-DOCSTART-") for _, line in _lines(path))
+
+
+def _column(header: list[str] | None, want, default: int, path: Path, field: str) -> int:
+    if want is None:
+        return default
+    if isinstance(want, int):
+        return want
+    if header is None or want not in header:
+        raise DetourError(f"{path}: options.{field} = {want!r} is not a column of the header {header}")
+    return header.index(want)
+
+
+def _read_table(path: Path, spec: TaskSpec, delimiter: str) -> list[dict]:
+    opts = spec.options
+    with open(path, encoding="utf-8", newline="") as fh:
+        quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+        rows = [r for r in csv.reader(fh, delimiter=delimiter, quoting=quoting)]
+    header_opt = opts.get("header", "auto")
+    has_header = bool(rows) and (
+        header_opt is True
+        or (header_opt == "auto" and any(c.strip().lower() in HEADER_NAMES for c in rows[0]))
+    )
+    header = [c.strip() for c in rows[0]] if has_header else None
+    body = rows[1:] if has_header else rows
+    width = len(header) if header else (len(body[0]) if body else 0)
+    if header:
+        text_default = next((header.index(c) for c in ("sentence", "text", "sentence1") if c in header), width - 2)
+        label_default = next((header.index(c) for c in ("label", "labels") if c in header), width - 1)
+    else:
+        text_default, label_default = width - 2, width - 1
+    ti = _column(header, opts.get("text_column"), text_default, path, "text_column")
+    li = _column(header, opts.get("label_column"), label_default, path, "label_column")
+    di = _column(header, opts.get("doc_column"), -1, path, "doc_column") if "doc_column" in opts else None
+    label_sep = opts.get("label_sep")
+    out = []
+    first_line = 2 if has_header else 1
+    for i, row in enumerate(body):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) <= max(ti, li):
+            raise DetourError(f"{path}:{first_line + i}: expected {width} columns, got {len(row)}: {row!r}")
+        ex = {"text": row[ti], "doc": row[di] if di is not None else i}
+        label = row[li].strip()
+        if label_sep is not None:
+            ex["labels"] = [x.strip() for x in label.split(label_sep) if x.strip()]
+        else:
+            ex["label"] = label
+        out.append(ex)
+    return out
+
+
+@register_format("tsv")
+def read_tsv(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
+    """Tab-separated text/label rows; header detected (or options.header: true/false);
+    columns by options.text_column / label_column (name or index); options.label_sep for multi-label."""
+    return _read_table(path, spec, "\t")
+
+
+@register_format("csv")
+def read_csv(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
+    """Comma-separated, quoted as usual; same options as tsv."""
+    return _read_table(path, spec, spec.options.get("delimiter", ","))
+
+
+@register_format("jsonl")
+def read_jsonl(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
+    """One JSON object a line; fields by options.text_field/label_field (default text, label;
+    a list label means multi-label), or tokens_field/tags_field for token tasks."""
+    opts = spec.options
+    out = []
+    for n, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DetourError(f"{path}:{n}: not valid JSON: {exc}") from None
+        out.append(_from_record(obj, opts, f"{path}:{n}", len(out)))
+    return out
+
+
+def _from_record(obj: dict, opts: dict, where: str, index: int) -> dict:
+    doc = obj.get(opts.get("doc_field", "doc"), index)
+    if "tokens_field" in opts or "tokens" in obj:
+        tf, gf = opts.get("tokens_field", "tokens"), opts.get("tags_field", "tags")
+        if tf not in obj or gf not in obj:
+            raise DetourError(f"{where}: missing field {tf!r} or {gf!r}")
+        return {"tokens": [str(t) for t in obj[tf]], "tags": [str(t) for t in obj[gf]], "doc": doc}
+    tf, lf = opts.get("text_field", "text"), opts.get("label_field", "label")
+    if tf not in obj or lf not in obj:
+        raise DetourError(f"{where}: missing field {tf!r} or {lf!r}")
+    label = obj[lf]
+    if isinstance(label, list):
+        return {"text": str(obj[tf]), "labels": [str(x) for x in label], "doc": doc}
+    return {"text": str(obj[tf]), "label": str(label), "doc": doc}
+
+
+@register_format("hoc")
+def read_hoc(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
+    """Hallmarks of Cancer: `text/PMID.txt` (a sentence a line) and `labels/PMID.txt` (one line:
+    a `<` before each sentence's chunk; labels `Hallmark--subclass` joined by `AND`, no space after).
+    Labels are the top-level hallmarks; a sentence with none (or `NULL`) gets "none"."""
+    text_dir, label_dir = Path(path) / "text", Path(path) / "labels"
+    if not text_dir.is_dir() or not label_dir.is_dir():
+        raise DetourError(f"{path}: a HoC folder needs text/ and labels/ subfolders")
+    out = []
+    for tf in sorted(text_dir.glob("*.txt")):
+        lf = label_dir / tf.name
+        if not lf.exists():
+            raise DetourError(f"{lf}: missing label file for {tf}")
+        sentences = [s for _, s in _lines(tf)]
+        chunks = lf.read_text(encoding="utf-8").rstrip("\r\n").split("<")[1:]
+        if len(chunks) != len(sentences):
+            raise DetourError(f"{lf}: {len(chunks)} label chunks for {len(sentences)} sentences in {tf}")
+        for sentence, chunk in zip(sentences, chunks):
+            labels = sorted({lab.split("--")[0].strip() for lab in chunk.split("AND") if lab.strip()} - {"NULL"})
+            out.append({"text": sentence, "labels": labels or ["none"], "doc": tf.stem})
+    return out
+
+
+def _brat_annotations(ann: Path):
+    """(text-bound annotations {id: (type, [(start, end)...])}, notes {target id: [note text]})."""
+    spans, notes = {}, {}
+    for n, line in _lines(ann):
+        if line.startswith("T"):
+            parts = line.split("\t")
+            if len(parts) < 2:
+                raise DetourError(f"{ann}:{n}: malformed text-bound annotation {line!r}")
+            kind, _, offsets = parts[1].partition(" ")
+            try:
+                frags = [tuple(int(x) for x in frag.split()) for frag in offsets.split(";")]
+            except ValueError:
+                raise DetourError(f"{ann}:{n}: bad offsets {offsets!r}") from None
+            spans[parts[0]] = (kind, frags)
+        elif line.startswith("#"):
+            parts = line.split("\t")
+            if len(parts) >= 3:
+                target = parts[1].split(" ")[-1]
+                notes.setdefault(target, []).append(parts[2])
+    return spans, notes
+
+
+def _expressions(note: str) -> list[str]:
+    # A note holds one or more ICD-O expressions separated by ';', each "topography morphology"
+    # or a lone code: each whole expression (whitespace-normalised) is one label.
+    return [" ".join(e.split()) for e in note.split(";") if e.strip()]
+
+
+@register_format("brat_doc_codes")
+def read_brat_doc_codes(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
+    """Document multi-label from BRAT notes (FRACCO): a document's labels are the ICD-O
+    expressions in the notes of its `options.entity_type` annotations (default expression_CIM),
+    kept if among the `options.top_k` most frequent over the folder (documents counted once);
+    documents left with no label are dropped; a .txt without .ann has no label."""
+    opts = spec.options
+    entity_type, top_k = opts.get("entity_type", "expression_CIM"), opts.get("top_k")
+    docs = []
+    for txt in sorted(Path(path).glob("*.txt")):
+        ann = txt.with_suffix(".ann")
+        codes = set()
+        if ann.exists():
+            spans, notes = _brat_annotations(ann)
+            for tid, (kind, _) in spans.items():
+                if kind == entity_type:
+                    for note in notes.get(tid, []):
+                        codes.update(_expressions(note))
+        docs.append({"text": txt.read_text(encoding="utf-8"), "codes": codes, "doc": txt.stem})
+    freq = Counter(c for d in docs for c in d["codes"])
+    keep = {c for c, _ in sorted(freq.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]} if top_k else set(freq)
+    out = []
+    for d in docs:
+        labels = sorted(d["codes"] & keep)
+        if labels:
+            out.append({"text": d["text"], "labels": labels, "doc": d["doc"]})
+    return out
+
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+@register_format("brat_entities")
+def read_brat_entities(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
+    """Flat NER from BRAT: each line of each .txt becomes a sentence of word tokens, tagged IOB2
+    from the text-bound annotations (options.entity_types to keep some; discontinuous ones take
+    their full extent); where spans overlap, the longest earlier one wins (flat tagging)."""
+    keep = set(spec.options.get("entity_types") or [])
+    out = []
+    for txt in sorted(Path(path).glob("*.txt")):
+        text = txt.read_text(encoding="utf-8")
+        ann = txt.with_suffix(".ann")
+        spans = _brat_annotations(ann)[0] if ann.exists() else {}
+        ents = sorted(
+            ((frags[0][0], frags[-1][1], kind) for kind, frags in spans.values() if not keep or kind in keep),
+            key=lambda e: (e[0], -(e[1] - e[0])),
+        )
+        chosen, last_end = [], -1
+        for s, e, kind in ents:
+            if s >= last_end:
+                chosen.append((s, e, kind))
+                last_end = e
+        offset = 0
+        for line in text.split("\n"):
+            words = [(m.start() + offset, m.end() + offset, m.group()) for m in _WORD.finditer(line)]
+            offset += len(line) + 1
+            if not words:
+                continue
+            tags, prev = [], None
+            for ws, we, _ in words:
+                idx = next((i for i, c in enumerate(chosen) if c[0] <= ws and we <= c[1]), None)
+                tags.append("O" if idx is None else ("I-" if idx == prev else "B-") + chosen[idx][2])
+                prev = idx
+            out.append({"tokens": [w for _, _, w in words], "tags": tags, "doc": txt.stem})
+    return out
+
+
+@register_format("hf")
+def read_hf(path, spec: TaskSpec, split: str = "") -> list[dict]:
+    """A Hugging Face dataset: a folder from `save_to_disk` (a DatasetDict: options.hf_split
+    names the split, default the split name) or a hub/script name loaded with `load_dataset`
+    (offline unless cached). Fields as for jsonl; ClassLabel ids become their names."""
+    import datasets
+
+    opts = spec.options
+    hf_split = opts.get("hf_split", {}).get(split, split) if isinstance(opts.get("hf_split"), dict) else split
+    local = Path(str(path))
+    try:
+        if local.exists():
+            ds = datasets.load_from_disk(str(local))
+        else:
+            ds = datasets.load_dataset(str(path), opts.get("hf_config"))
+    except Exception as exc:  # datasets raises many kinds; the user needs the path and the reason
+        raise DetourError(f"task {spec.name}: cannot load Hugging Face dataset {path}: {exc}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if hf_split not in ds:
+            raise DetourError(f"{path}: no split {hf_split!r} (has {list(ds)})")
+        ds = ds[hf_split]
+    names = {}
+    for field, feat in ds.features.items():
+        if isinstance(feat, datasets.ClassLabel):
+            names[field] = feat.names
+        elif isinstance(getattr(feat, "feature", None), datasets.ClassLabel):
+            names[field] = feat.feature.names
+    out = []
+    for i, row in enumerate(ds):
+        row = dict(row)
+        for field, labels in names.items():
+            row[field] = [labels[x] for x in row[field]] if isinstance(row[field], list) else labels[row[field]]
+        out.append(_from_record(row, opts, f"{path}[{hf_split}][{i}]", i))
+    return out

@@ -1,0 +1,185 @@
+"""Task specs (YAML) and the two registries that make `detour eval` extensible.
+
+    detour eval <model folder> --tasks ncbi-disease,gad --seeds 1 --epochs 1 --max-train 64
+
+A task is a small YAML spec (see `src/detour/eval/tasks/*.yaml`): name, `type` (what head and
+metrics), `format` (which reader), the split files or a seeded split rule, labels, headline
+metric, max length and training settings. Two registries map names to code:
+
+- `FORMATS`: format name -> reader `read(path, spec) -> list[dict]` (one dict per example).
+- `TASK_TYPES`: type name -> a `TaskType` object (encode examples, build the head, decode, score).
+
+Plugins register with one line (`@register_format("brat_nested")`, `register_task_type(...)`)
+in their own module, listed in `PLUGIN_MODULES`; this module imports none of them at import time,
+so any plugin can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from detour.errors import DetourError
+
+# Modules whose import registers formats and task types. Add a plugin by adding its module here.
+PLUGIN_MODULES: list[str] = [
+    "detour.eval.formats",
+    "detour.eval.tasktypes",
+    "detour.eval.brat",
+    "detour.eval.nested",
+]
+
+FORMATS: dict[str, Callable[..., list[dict]]] = {}
+TASK_TYPES: dict[str, Any] = {}
+
+SPEC_DIR = Path(__file__).with_name("tasks")
+
+
+def register_format(name: str):
+    """Decorator: `@register_format("iob")` on `def read(path: Path, spec: TaskSpec) -> list[dict]`."""
+
+    def deco(fn):
+        FORMATS[name] = fn
+        return fn
+
+    return deco
+
+
+def register_task_type(task_type) -> Any:
+    """Register an object with `.name` and the `TaskType` methods (see detour.eval.tasktypes)."""
+    TASK_TYPES[task_type.name] = task_type
+    return task_type
+
+
+def _load_plugins() -> None:
+    for module in PLUGIN_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:  # a real missing dependency inside the plugin
+                raise
+
+
+def get_format(name: str):
+    _load_plugins()
+    if name not in FORMATS:
+        raise DetourError(f"unknown task format {name!r}; known: {', '.join(sorted(FORMATS))}")
+    return FORMATS[name]
+
+
+def get_task_type(name: str):
+    _load_plugins()
+    if name not in TASK_TYPES:
+        raise DetourError(f"unknown task type {name!r}; known: {', '.join(sorted(TASK_TYPES))}")
+    return TASK_TYPES[name]
+
+
+class Training(BaseModel):
+    """Fine-tuning settings; the shipped specs carry the paper's per-task defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+    epochs: int = Field(10, ge=1, description="passes over train; the best epoch is kept")
+    lr: float = Field(5e-5, gt=0, description="peak learning rate (AdamW, linear decay)")
+    head_lr: float | None = Field(None, gt=0, description="learning rate of the head (default: lr)")
+    batch_size: int = Field(16, ge=1)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="share of steps with linear warmup")
+    dropout: float = Field(0.1, ge=0, lt=1, description="dropout before the head")
+
+
+class SplitRule(BaseModel):
+    """How to make missing splits: by document (never cutting a document), seeded."""
+
+    model_config = ConfigDict(extra="forbid")
+    seed: int = Field(0, description="split seed, the same for every model and run seed")
+    validation_from_train: float = Field(0.1, gt=0, lt=1, description="share of train documents")
+    ratios: tuple[float, float, float] = Field((0.8, 0.1, 0.1), description="train/validation/test, when there is one file")
+
+
+class TaskSpec(BaseModel):
+    """One downstream task. Paths are relative to the data root unless absolute."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    type: str = Field(description="task type: ner, classification, relation, multilabel, ...")
+    format: str = Field(description="reader: iob, tsv, csv, jsonl, hoc, brat_doc_codes, brat_entities, hf, ...")
+    description: str = ""
+    data: dict[str, str] = Field(description="split -> path: train/validation/test, or all")
+    split: SplitRule = Field(default_factory=SplitRule)
+    labels: list[str] | None = Field(None, description="label set; default: the labels seen in train")
+    headline: str = "macro_f1"
+    max_length: int = Field(256, ge=8)
+    long_inputs: Literal["truncate", "window"] = "truncate"
+    stride: int = Field(64, ge=0, description="tokens shared by consecutive windows")
+    pooling: Literal["cls", "mean"] = "cls"
+    training: Training = Field(default_factory=Training)
+    options: dict[str, Any] = Field(default_factory=dict, description="reader options (columns, header, ...)")
+    source: str = Field("", description="where the spec came from (set by the loader)")
+    root: str = Field("", description="data root the paths resolve against (set by the loader)")
+
+    @model_validator(mode="after")
+    def _check_data(self):
+        keys = set(self.data)
+        if not keys or not keys <= {"train", "validation", "test", "all"}:
+            raise ValueError(f"data must map train/validation/test (or all) to paths, got {sorted(keys)}")
+        if "all" in keys and len(keys) > 1:
+            raise ValueError("data: give either `all` or train/validation/test, not both")
+        if "all" not in keys and "train" not in keys:
+            raise ValueError("data: a `train` path is needed (or `all` for a seeded split)")
+        if "all" not in keys and "test" not in keys:
+            raise ValueError("data: a `test` path is needed (or `all` for a seeded split)")
+        return self
+
+    def path(self, split: str) -> Path | str:
+        """Resolved path of a split; HF dataset names that are not files are returned as given."""
+        raw = self.data[split]
+        if self.format == "hf" and not _looks_local(raw, self.root):
+            return raw
+        p = Path(os.path.expanduser(raw))
+        return p if p.is_absolute() else Path(self.root) / p
+
+
+def _looks_local(raw: str, root: str) -> bool:
+    p = Path(os.path.expanduser(raw))
+    return p.is_absolute() or (Path(root) / p).exists() or raw.startswith(".")
+
+
+def default_data_root(explicit: str | None = None) -> Path:
+    """--data-root, else $DETOUR_DATA_ROOT, else ../shared/data relative to the working directory."""
+    return Path(explicit or os.environ.get("DETOUR_DATA_ROOT") or Path.cwd().parent / "shared" / "data")
+
+
+def shipped_tasks() -> list[str]:
+    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+
+
+def load_spec(name_or_path: str | Path, data_root: str | Path | None = None) -> TaskSpec:
+    """A shipped task by name, or a spec file by path; errors name the file and the field."""
+    path = Path(name_or_path)
+    if not path.suffix and (SPEC_DIR / f"{name_or_path}.yaml").exists():
+        path = SPEC_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise DetourError(
+            f"no task {str(name_or_path)!r}: not a spec file and not a shipped task ({', '.join(shipped_tasks())})"
+        )
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise DetourError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise DetourError(f"{path}: a task spec must be a YAML mapping")
+    raw.setdefault("source", str(path))
+    raw["root"] = str(default_data_root(str(data_root) if data_root else None))
+    try:
+        spec = TaskSpec.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"{'.'.join(str(x) for x in e['loc']) or '(spec)'}: {e['msg']}" for e in exc.errors()]
+        raise DetourError(f"{path}: invalid task spec:\n  " + "\n  ".join(lines)) from None
+    get_task_type(spec.type)
+    get_format(spec.format)
+    return spec

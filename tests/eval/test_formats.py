@@ -1,0 +1,122 @@
+"""Readers on small slices of the real task files: CRLF, headers or none, -DOCSTART-, HoC's label
+lines, FRACCO's note lines, space-separated E3C, BRAT flat entities, a saved HF dataset."""
+
+import shutil
+
+import pytest
+
+from detour.errors import DetourError
+from detour.eval.formats import read_brat_doc_codes, read_brat_entities, read_hf, read_hoc, read_iob, read_tsv
+from detour.eval.tasks import TaskSpec
+
+
+def spec(**kw):
+    base = dict(name="t", type="classification", format="tsv", data={"train": "x", "test": "y"})
+    base.update(kw)
+    return TaskSpec(**base)
+
+
+def head_lines(src, dst, n):
+    with open(src, "rb") as fh:
+        dst.write_bytes(b"".join(fh.readline() for _ in range(n)))
+    return dst
+
+
+def test_iob_skips_docstart_and_groups_documents(shared_data, tmp_path):
+    f = head_lines(shared_data / "tasks/en/jnlpba/devel.tsv", tmp_path / "j.tsv", 400)
+    exs = read_iob(f, spec(type="ner", format="iob"))
+    assert all("-DOCSTART-" not in ex["tokens"] for ex in exs)
+    assert exs[0]["tokens"][:3] == ["Disruption", "of", "the"]
+    assert exs[0]["tags"][3:6] == ["B-DNA", "I-DNA", "I-DNA"]
+    assert len({ex["doc"] for ex in exs}) >= 2  # -DOCSTART- starts a new document
+    assert all(len(ex["tokens"]) == len(ex["tags"]) for ex in exs)
+
+
+def test_iob_space_separated_and_crlf(shared_data, tmp_path):
+    f = head_lines(shared_data / "tasks/fr/e3c-layer1/train.txt", tmp_path / "e.txt", 200)
+    crlf = tmp_path / "crlf.txt"
+    crlf.write_bytes(f.read_bytes().replace(b"\n", b"\r\n"))
+    a, b = read_iob(f, spec(type="ner", format="iob")), read_iob(crlf, spec(type="ner", format="iob"))
+    assert a == b and a[0]["tokens"][:3] == ["Nous", "rapportons", "l'"]
+    assert {t for ex in a for t in ex["tags"]} <= {"O", "B-ety", "I-ety"}
+    assert [ex["doc"] for ex in a] == list(range(len(a)))  # no markers: each sentence is a unit
+
+
+def test_iob_bad_tag_names_line(tmp_path):
+    f = tmp_path / "bad.tsv"
+    f.write_text("a\tO\nb\tDisease\n")
+    with pytest.raises(DetourError, match=r"bad.tsv:2"):
+        read_iob(f, spec(type="ner", format="iob"))
+
+
+def test_tsv_header_detection_gad(shared_data, tmp_path):
+    train = read_tsv(head_lines(shared_data / "tasks/en/gad/train.tsv", tmp_path / "tr.tsv", 5), spec())
+    test = read_tsv(head_lines(shared_data / "tasks/en/gad/test.tsv", tmp_path / "te.tsv", 5), spec())
+    assert len(train) == 5 and train[0]["label"] == "1" and train[0]["text"].startswith("this study proposes")
+    assert len(test) == 4 and test[0]["text"].startswith("These results suggest")  # header row dropped
+    assert test[0]["label"] == "1"
+
+
+def test_tsv_crlf_header_chemprot(shared_data, tmp_path):
+    exs = read_tsv(head_lines(shared_data / "tasks/en/chemprot/test.tsv", tmp_path / "c.tsv", 4), spec(type="relation"))
+    assert [ex["label"] for ex in exs] == ["False", "CPR:9", "CPR:9"]
+    assert "BC6ENTG" in exs[0]["text"] and not exs[0]["text"].endswith("\r")
+
+
+def test_hoc_label_lines(shared_data, tmp_path):
+    for sub in ("text", "labels"):
+        (tmp_path / sub).mkdir()
+        shutil.copy(shared_data / "tasks/en/hoc" / sub / "11724768.txt", tmp_path / sub)
+    exs = read_hoc(tmp_path, spec(type="multilabel", format="hoc"))
+    assert len(exs) == 6 and {ex["doc"] for ex in exs} == {"11724768"}
+    # the label line is "< < < <A--x ANDA--y--z< < ": sentence 4 has two subclasses of one hallmark
+    assert [ex["labels"] for ex in exs] == [["none"]] * 3 + [["Sustaining proliferative signaling"]] + [["none"]] * 2
+    assert all(lab != "NULL" for ex in exs for lab in ex["labels"])
+
+
+def test_hoc_and_without_space_splits_labels(tmp_path):
+    (tmp_path / "text").mkdir(), (tmp_path / "labels").mkdir()
+    (tmp_path / "text/1.txt").write_text("s1\ns2\n")
+    (tmp_path / "labels/1.txt").write_text("<A--x ANDB--y<NULL")
+    exs = read_hoc(tmp_path, spec(type="multilabel", format="hoc"))
+    assert [ex["labels"] for ex in exs] == [["A", "B"], ["none"]]
+
+
+def test_fracco_note_lines_and_document_without_ann(shared_data, tmp_path):
+    src = shared_data / "tasks/fr/fracco/brat"
+    for name in ("cc_onco1.txt", "cc_onco1.ann", "cc_onco853.txt"):
+        shutil.copy(src / name, tmp_path)
+    exs = read_brat_doc_codes(tmp_path, spec(type="multilabel", format="brat_doc_codes"))
+    assert [ex["doc"] for ex in exs] == ["cc_onco1"]  # cc_onco853 has no .ann: no label, dropped
+    labels = exs[0]["labels"]
+    # T2 expression_CIM carries "C77.1 8000/1"; T3 (topographie, "C77.1") is not an expression_CIM
+    assert "C77.1 8000/1" in labels and "C77.1" not in labels
+    top1 = read_brat_doc_codes(tmp_path, spec(type="multilabel", format="brat_doc_codes", options={"top_k": 1}))
+    assert len(top1[0]["labels"]) == 1
+
+
+def test_fracco_multi_expression_note(tmp_path):
+    (tmp_path / "d.txt").write_text("abc def")
+    (tmp_path / "d.ann").write_text("T1\texpression_CIM 0 3\tabc\n#1\tICD-O T1\tC47.9 8000/1;C49.9  8000/1\r\n")
+    exs = read_brat_doc_codes(tmp_path, spec(type="multilabel", format="brat_doc_codes"))
+    assert exs[0]["labels"] == ["C47.9 8000/1", "C49.9 8000/1"]
+
+
+def test_brat_flat_entities(tmp_path):
+    (tmp_path / "a.txt").write_text("Smokes two packs daily.\nNo alcohol.")
+    (tmp_path / "a.ann").write_text("T1\tTobacco 0 6\tSmokes\nT2\tAmount 7 16\ttwo packs\nT3\tAlcohol 27 34\talcohol\n"
+                                    "T4\tAmount 7 10\ttwo\n")
+    exs = read_brat_entities(tmp_path, spec(type="ner", format="brat_entities"))
+    assert exs[0]["tokens"] == ["Smokes", "two", "packs", "daily", "."]
+    assert exs[0]["tags"] == ["B-Tobacco", "B-Amount", "I-Amount", "O", "O"]  # longest overlapping span wins
+    assert exs[1]["tags"] == ["O", "B-Alcohol", "O"]
+
+
+def test_hf_saved_dataset_with_classlabels(tmp_path):
+    import datasets
+
+    feats = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
+    ds = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]}, features=feats)})
+    ds.save_to_disk(str(tmp_path / "ds"))
+    exs = read_hf(tmp_path / "ds", spec(format="hf"), split="train")
+    assert [(e["text"], e["label"]) for e in exs] == [("a", "neg"), ("b", "pos")]
