@@ -32,7 +32,7 @@ def load_tokenizer(name_or_path: str):
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """SHA-256 of the tokenizer's serialised state; equal for the same tokenizer loaded twice."""
-    state: dict = {"class": type(tokenizer).__name__, "special_tokens": tokenizer.special_tokens_map}
+    state: dict = {"special_tokens": tokenizer.special_tokens_map}
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         backend_state = json.loads(backend.to_str())
