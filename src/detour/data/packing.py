@@ -75,7 +75,8 @@ class PackedStream:
         self.seq_len, self.seed, self.rank, self.world_size = int(seq_len), int(seed), rank, world_size
         self.weighted = weights[0] is not None
         self.weights = np.asarray([w for w in weights], dtype=np.float64) if self.weighted else None
-        self._lengths = [c.doc_lengths() for c in self.corpora]
+        # uint32 halves the per-rank memory of these per-document arrays (tens of millions of documents at scale)
+        self._lengths = [c.doc_lengths().astype(np.uint32) for c in self.corpora]
         self._num_docs = np.asarray([len(x) for x in self._lengths], dtype=np.int64)
         self._pool_starts = np.concatenate([[0], np.cumsum(self._num_docs)])
         self.total_tokens = int(sum(c.num_tokens for c in self.corpora))
@@ -111,7 +112,8 @@ class PackedStream:
             n = int(self._num_docs[order]) if self.weighted else int(self._pool_starts[-1])
             kind = 1 if self.weighted else 0  # pool and per-source orders never share a random stream
             rng = np.random.default_rng([self.seed, kind, order, epoch])
-            cached = (epoch, rng.permutation(n))
+            perm = rng.permutation(n)
+            cached = (epoch, perm.astype(np.uint32) if n < 1 << 32 else perm)
             self._perms[order] = cached
         return cached[1]
 

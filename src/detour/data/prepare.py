@@ -13,6 +13,8 @@ Sources and their syntax are described in `detour.data.sources`. A YAML spec lis
         text_field: abstract                    # optional, per source
       - {source: notes.txt, weight: 0.4, blank_line_docs: true, name: notes}
 
+Paths in a spec are relative to the current directory, as on the command line.
+
 Each document is stripped and encoded with the tokenizer's own special tokens ([CLS] ... [SEP],
 <s> ... </s>); documents empty after stripping are skipped and counted. Input is streamed and
 tokenized by N worker processes in ordered batches, so memory stays flat as the corpus grows and
