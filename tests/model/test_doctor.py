@@ -19,12 +19,14 @@ def run_doctor(capsys, *args) -> tuple[int, dict]:
 def test_doctor_passes_on_tiny_modernbert(capsys, minilm, attn):
     code, verdict = run_doctor(capsys, "tiny-modernbert", "--attn", attn)
     assert code == 0 and verdict["ok"] and verdict["attn"] == attn
+    assert verdict["sliding_window_exercised"]  # 64 tokens > local_attention 8
     assert {c["objective"] for c in verdict["checks"]} == {"clm", "mlm"}
 
 
 def test_doctor_passes_on_minilm(capsys, minilm):
     code, verdict = run_doctor(capsys, str(minilm), "--seq-len", "48")
     assert code == 0 and verdict["ok"] and verdict["model_type"] == "bert"
+    assert "sliding_window_exercised" not in verdict
 
 
 def test_doctor_fails_when_masks_ignore_causality(capsys, minilm, monkeypatch):

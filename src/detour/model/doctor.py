@@ -140,7 +140,7 @@ def check_model(model, seq_len: int = 64, seed: int = 0) -> dict:
         value = (stock - ours).abs().max().item()
         record("mlm", "one document equals the stock forward", value, value <= PARITY)
     model.train(was_training)
-    return {
+    verdict = {
         "model_type": model.config.model_type,
         "attn": model.config._attn_implementation,
         "seq_len": seq_len,
@@ -148,6 +148,12 @@ def check_model(model, seq_len: int = 64, seed: int = 0) -> dict:
         "ok": all(c["ok"] for c in checks),
         "checks": checks,
     }
+    if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()):
+        half = model.config.local_attention // 2
+        verdict["sliding_window_exercised"] = seq_len - 1 > half
+        if seq_len - 1 <= half:
+            verdict["note"] = f"--seq-len {seq_len} fits inside the sliding window; use > {half + 1} to test it"
+    return verdict
 
 
 def run(args) -> int:
