@@ -93,6 +93,12 @@ def _stats(values: list[float]) -> dict:
     return {"mean": float(arr.mean()), "std": std, "n": len(arr)}
 
 
+def display_name(model: str) -> str:
+    """A short row label: the folder name (with its parent when the name says nothing)."""
+    p = Path(model)
+    return f"{p.parent.name}/{p.name}" if p.name in ("model", "hf", "export", "final") and p.parent.name else p.name or model
+
+
 def headline_of(runs: list[dict], task: str) -> str:
     return next((r["headline"] for r in runs if r["task"] == task), "macro_f1")
 
@@ -115,7 +121,7 @@ def markdown_table(summary: dict, config: dict, runs: list[dict]) -> str:
     header = "| Model | " + " | ".join(f"{t} ({headline_of(runs, t)})" if t != "Average" else t for t in columns) + " |"
     lines = [header, "|" + "---|" * (len(columns) + 1)]
     for m in models:
-        row = [m]
+        row = [display_name(m)]
         for c in columns:
             ranked = sorted({cells[x, c][0] for x in models if cells[x, c]}, reverse=True)
             cell = cells[m, c]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from detour.errors import DetourError
 from detour.eval.finetune import Budget, finetune, prepare_task
-from detour.eval.results import Results
+from detour.eval.results import Results, display_name
 from detour.eval.splits import load_splits
 from detour.eval.tasks import load_spec, shipped_tasks
 
@@ -96,7 +96,7 @@ def run(args) -> int:
                 prep = prepare_task(spec, model, budget, splits)
                 steps = prep.epochs * -(-len(prep.features["train"]) // prep.batch_size)
                 for seed in seeds:
-                    bar = progress.add_task(f"{Path(model).name} {spec.name} seed {seed}", total=steps, loss=float("nan"))
+                    bar = progress.add_task(f"{display_name(model)} {spec.name} seed {seed}", total=steps, loss=float("nan"))
                     started = time.time()
                     out = finetune(model, prep, seed, args.linear_probe, args.device,
                                    on_step=lambda loss, bar=bar: progress.update(bar, advance=1, loss=loss))
@@ -113,6 +113,6 @@ def run(args) -> int:
                         "validation": out["validation"],
                     })
                     head = out["metrics"][spec.headline]
-                    progress.console.print(f"{Path(model).name} {spec.name} seed {seed}: {spec.headline} = {head:.4f} (epoch {out['selected_epoch']})")
+                    progress.console.print(f"{display_name(model)} {spec.name} seed {seed}: {spec.headline} = {head:.4f} (epoch {out['selected_epoch']})")
     print(f"results: {Path(args.out) / 'results.json'} and results.md")
     return 0
