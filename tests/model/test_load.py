@@ -69,3 +69,18 @@ def test_bad_requests_are_user_errors(minilm, tmp_path):
         load_mlm_model(minilm, config=tiny_modernbert_config(), tokenizer=minilm)
     with pytest.raises(DetourError, match="cannot"):
         load_mlm_model(tmp_path / "missing")
+
+
+def test_a_checkpoint_with_its_head_loads_silently_and_intact(minilm, tmp_path, caplog):
+    model, tok = load_mlm_model(minilm, seed=0)
+    with torch.no_grad():
+        model.cls.predictions.bias.add_(0.5)  # a trained-looking head, distinguishable from a fresh one
+    model.save_pretrained(tmp_path / "with-head")
+    tok.save_pretrained(tmp_path / "with-head")
+    caplog.clear()  # the MiniLM load above rightly warned
+    with caplog.at_level(logging.INFO):
+        again, _ = load_mlm_model(tmp_path / "with-head", seed=1)
+    assert not [r for r in caplog.records if "no MLM head" in r.getMessage()]
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert again.get_output_embeddings().weight is again.get_input_embeddings().weight

@@ -189,3 +189,20 @@ def test_bert_positions_beyond_table_are_a_clear_error(models):
     with pytest.raises(DetourError, match="max_position_embeddings"):
         clm_loss(model, batch)
     assert encoder_body(model) is model.roberta
+
+
+@pytest.mark.parametrize("kind", ["modernbert", "bert", "roberta"])
+def test_mlm_loss_equals_the_stock_masked_lm_loss_on_one_document(models, kind):
+    model, _ = models(kind)
+    batch = batch_for(model, [[48], [48]], 48)
+    with torch.no_grad():
+        ours = mlm_loss(model, batch, 0.3, torch.Generator().manual_seed(5))
+        # replay the same masking draw, then let the stock class compute its own (mean) loss
+        special = torch.tensor(config_special_ids(model.config))
+        vocab = torch.arange(model.config.vocab_size)
+        inputs, labels = mlm_masking(batch["input_ids"], ~torch.isin(batch["input_ids"], special), 0.3,
+                                     torch.Generator().manual_seed(5), model.config.mask_token_id,
+                                     vocab[~torch.isin(vocab, special)])
+        stock = model(input_ids=inputs, labels=labels).loss
+    assert ours.n_labels == int((labels != -100).sum()) > 10
+    assert ours.loss_sum.item() / ours.n_labels == pytest.approx(stock.item(), rel=1e-5)
