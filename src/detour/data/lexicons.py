@@ -234,20 +234,20 @@ DIAGNOSES: dict[str, dict] = {
 }
 
 PROCEDURES: dict[str, str] = {
-        "chest radiograph": "radiographie thoracique", "blood cultures": "hémocultures",
-        "coronary angiography": "coronarographie", "percutaneous coronary intervention": "angioplastie coronaire",
-        "electrocardiogram": "électrocardiogramme", "echocardiography": "échocardiographie",
-        "CT pulmonary angiography": "angioscanner thoracique", "compression ultrasonography": "échographie de compression",
-        "abdominal ultrasound": "échographie abdominale", "contrast-enhanced CT": "scanner injecté",
-        "laparoscopic cholecystectomy": "cholécystectomie cœlioscopique", "urine culture": "ECBU",
-        "renal ultrasound": "échographie rénale", "lumbar puncture": "ponction lombaire", "head CT": "scanner cérébral",
-        "brain MRI": "IRM cérébrale", "carotid Doppler ultrasound": "écho-Doppler des troncs supra-aortiques",
-        "arterial blood gas analysis": "gaz du sang artériel", "continuous insulin infusion": "insulinothérapie continue",
-        "peak flow measurement": "mesure du débit expiratoire de pointe", "joint aspiration": "ponction articulaire",
-        "dual-energy CT": "scanner double énergie", "upper endoscopy": "endoscopie digestive haute",
-        "blood transfusion": "transfusion sanguine", "thyroid ultrasound": "échographie thyroïdienne",
-        "skin marking of the erythema": "délimitation de l'érythème", "electroencephalography": "électroencéphalogramme",
-        "psychiatric assessment": "évaluation psychiatrique",
+    "chest radiograph": "radiographie thoracique", "blood cultures": "hémocultures",
+    "coronary angiography": "coronarographie", "percutaneous coronary intervention": "angioplastie coronaire",
+    "electrocardiogram": "électrocardiogramme", "echocardiography": "échocardiographie",
+    "CT pulmonary angiography": "angioscanner thoracique", "compression ultrasonography": "échographie de compression",
+    "abdominal ultrasound": "échographie abdominale", "contrast-enhanced CT": "scanner injecté",
+    "laparoscopic cholecystectomy": "cholécystectomie cœlioscopique", "urine culture": "ECBU",
+    "renal ultrasound": "échographie rénale", "lumbar puncture": "ponction lombaire", "head CT": "scanner cérébral",
+    "brain MRI": "IRM cérébrale", "carotid Doppler ultrasound": "écho-Doppler des troncs supra-aortiques",
+    "arterial blood gas analysis": "gaz du sang artériel", "continuous insulin infusion": "insulinothérapie continue",
+    "peak flow measurement": "mesure du débit expiratoire de pointe", "joint aspiration": "ponction articulaire",
+    "dual-energy CT": "scanner double énergie", "upper endoscopy": "endoscopie digestive haute",
+    "blood transfusion": "transfusion sanguine", "thyroid ultrasound": "échographie thyroïdienne",
+    "skin marking of the erythema": "délimitation de l'érythème", "electroencephalography": "électroencéphalogramme",
+    "psychiatric assessment": "évaluation psychiatrique",
 }
 
 # allergen -> reactions

@@ -279,7 +279,8 @@ class _French(_English):
         if c["occupation"]:
             who += f", {OCCUPATIONS[c['occupation']]},"
         symptoms = _join([SYMPTOMS[s] for s in c["symptoms"]], "et")
-        return (f"{who} {self.pick('a consulté', 'a été adressé(e)', 's est présenté(e)')} {SETTINGS[c['setting']]} pour "
+        verb = self.pick("a consulté", "a été adressé(e)", "s'est présenté(e)")
+        return (f"{who} {verb} {SETTINGS[c['setting']]} pour "
                 f"{symptoms} évoluant depuis {c['onset'][0]} {DURATIONS[c['onset'][1]]['fr']}.")
 
     def history(self) -> str:
@@ -305,8 +306,9 @@ class _French(_English):
         labs = [f"{LAB_TESTS[n]['fr']} {v.replace('.', ',')} {LAB_TESTS[n]['unit']}".rstrip()
                 + {"high": " (élevée)", "low": " (basse)", "normal": ""}[d] for n, v, d in c["labs"]]
         dx = DIAGNOSES[c["diagnosis"]]["fr"]
+        finding = self.pick("anomalies compatibles", "aspect évocateur", "pas d'autre anomalie")
         return (f"Le bilan biologique retrouvait : {_join(labs, 'et')}. "
-                f"{PROCEDURES[c['procedures'][0]].capitalize()} : {self.pick('anomalies compatibles', 'aspect évocateur', 'pas d autre anomalie')}. "
+                f"{PROCEDURES[c['procedures'][0]].capitalize()} : {finding}. "
                 f"Les diagnostics évoqués étaient {_join([DIAGNOSES[d]['fr'] for d in c['differential']], 'et')}. "
                 f"Le diagnostic retenu était {dx}.")
 
