@@ -15,6 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One intra-op thread: tiny models gain nothing from two, and under any other load on a 2-core
+# machine OpenMP spin-waiting makes them 20x slower. Set before torch is imported; inherited by the
+# subprocesses that tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("DETOUR_SHARED_DATA", REPO.parent / "shared" / "data"))
