@@ -15,16 +15,9 @@ the scores, so it gets 0 / dtype-min floats (a boolean there would be silently i
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
-from transformers.masking_utils import (
-    and_masks,
-    causal_mask_function,
-    eager_mask,
-    or_masks,
-    packed_sequence_mask_function,
-    sdpa_mask,
-    sliding_window_bidirectional_overlay,
-)
 
 from detour.errors import DetourError
 from detour.model.load import family
@@ -32,35 +25,27 @@ from detour.model.load import family
 SUPPORTED_ATTN = ("sdpa", "eager")
 
 
-def _mask_function(doc_ids: torch.Tensor, causal: bool, half_window: int | None):
-    real = doc_ids >= 0
-
-    def real_query(batch_idx, head_idx, q_idx, kv_idx):
-        return real[batch_idx, q_idx]
-
-    def padding_self(batch_idx, head_idx, q_idx, kv_idx):
-        return (q_idx == kv_idx) & ~real[batch_idx, q_idx]
-
-    parts = [packed_sequence_mask_function(doc_ids), real_query]
+@lru_cache(maxsize=8)
+def _band(length: int, causal: bool, half_window: int | None, device: torch.device) -> torch.Tensor | None:
+    """[L, L] booleans for key k allowed at query q by position alone (None: all are); cached,
+    since it is the same for every batch. The diagonal is always allowed."""
+    if not causal and half_window is None:
+        return None
+    band = torch.ones(length, length, dtype=torch.bool, device=device)
     if causal:
-        parts.append(causal_mask_function)
-    if half_window is not None:
-        parts.append(sliding_window_bidirectional_overlay(half_window))
-    return or_masks(and_masks(*parts), padding_self)
+        band = band.tril()
+    if half_window is not None:  # |q - k| <= half_window
+        band = band.tril(half_window).triu(-half_window)
+    return band
 
 
-def _build(doc_ids: torch.Tensor, causal: bool, half_window: int | None, attn: str, dtype) -> torch.Tensor:
-    batch_size, length = doc_ids.shape
-    kwargs = dict(
-        batch_size=batch_size,
-        q_length=length,
-        kv_length=length,
-        mask_function=_mask_function(doc_ids, causal, half_window),
-        device=doc_ids.device,
-    )
+def _for_backend(allowed: torch.Tensor, attn: str, dtype) -> torch.Tensor:
+    allowed = allowed.unsqueeze(1)  # [B, 1, L, L], broadcast over heads
     if attn == "sdpa":
-        return sdpa_mask(allow_is_causal_skip=False, **kwargs)
-    return eager_mask(dtype=dtype, **kwargs)
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
 
 
 def build_attention_mask(model, doc_ids: torch.Tensor, causal: bool):
@@ -73,13 +58,19 @@ def build_attention_mask(model, doc_ids: torch.Tensor, causal: bool):
         )
     if doc_ids.dim() != 2:
         raise ValueError(f"doc_ids must be [batch, length], got shape {tuple(doc_ids.shape)}")
-    dtype = model.dtype
-    full = _build(doc_ids, causal, None, attn, dtype)
+    # Built directly with broadcasting: transformers.masking_utils gives the same masks but
+    # materialises int64 [L, L] index grids, several times slower at L = 8192.
+    length, device, dtype = doc_ids.shape[1], doc_ids.device, model.dtype
+    positions = torch.arange(length, device=device)
+    # each padding position becomes its own one-token "document": it matches only itself
+    docs = torch.where(doc_ids >= 0, doc_ids, -1 - positions)
+    same_doc = docs[:, :, None] == docs[:, None, :]  # [B, L, L]
+    band = _band(length, causal, None, device)
+    full = _for_backend(same_doc if band is None else same_doc & band, attn, dtype)
     if family(model) != "modernbert":
         return full
-    layer_types = set(model.config.layer_types)
     masks = {"full_attention": full}
-    if "sliding_attention" in layer_types:
-        half_window = model.config.local_attention // 2
-        masks["sliding_attention"] = _build(doc_ids, causal, half_window, attn, dtype)
+    if "sliding_attention" in model.config.layer_types:
+        band = _band(length, causal, model.config.local_attention // 2, device)
+        masks["sliding_attention"] = _for_backend(same_doc & band, attn, dtype)
     return masks
