@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 
 from detour.config import PhaseSpec, Recipe, recipe_to_dict
 from detour.data.packing import PackedStream, collate, validate_seq_len
@@ -57,6 +58,7 @@ def fresh_state() -> dict[str, Any]:
 
 def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
     out = Path(out)
+    transformers.utils.logging.disable_progress_bar()  # one bar per export is noise; ours is enough
     device = select_device(recipe.device)
     _prepare_out_dir(out, recipe, resume)
     torch.manual_seed(recipe.seed)
