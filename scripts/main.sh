@@ -12,7 +12,6 @@ PY=${PYTHON:-python3}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 DATA=runs/data/synthetic-minilm
 OUT=${OUT:-runs/tiny-twins}
-TOK=$(.venv/bin/python -c "from detour.paths import resolve_model_ref as r; print(r('minilm-l6'))")
 [ -f "$DATA/manifest.json" ] || .venv/bin/detour prepare "synthetic:clinical?docs=3000&seed=0" \
-    --tokenizer "$TOK" --out "$DATA"
+    --tokenizer minilm-l6 --out "$DATA"
 .venv/bin/detour twins recipes/tiny-modernbert.yaml --out "$OUT" --resume "$@"

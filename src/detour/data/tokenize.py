@@ -21,8 +21,10 @@ def load_tokenizer(name_or_path: str):
     """A Hugging Face tokenizer from a hub name or a local folder (no remote code)."""
     from transformers import AutoTokenizer
 
+    from detour.paths import resolve_model_ref
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_ref(str(name_or_path)), trust_remote_code=False)
     except Exception as exc:  # transformers raises OSError, ValueError, EnvironmentError... for a bad name
         raise DetourError(f"cannot load tokenizer {name_or_path!r}: {type(exc).__name__}: {exc}") from None
     if isinstance(tokenizer, bool) or not callable(tokenizer):
