@@ -134,6 +134,12 @@ def main() -> int:
     many = {r["workers"]: r for r in rows if r["corpus"] != "1x"}
     results["rss_ratio_10x_over_1x"] = {w: round(many[w]["peak_rss_mib"] / one[w]["peak_rss_mib"], 2) for w in (1, 2)}
     results["machine"]["load_average_at_end"] = os.getloadavg()
+    busiest = max(info["load_average_at_start"][0], results["machine"]["load_average_at_end"][0])
+    if busiest > (info["cpu_cores"] or 1):
+        results["note"] = (f"the machine was shared with other jobs (1-minute load average up to {busiest:.1f} on "
+                           f"{info['cpu_cores']} cores): wall-clock speed-up from more workers is not measurable in "
+                           "this run; tokens_per_cpu_s is the contention-free figure")
+        print(f"note: {results['note']}")
     print(f"\npeak RSS {times}x / 1x: {results['rss_ratio_10x_over_1x']} (flat means about 1.0)")
     print(f"load average start {info['load_average_at_start']}, end {results['machine']['load_average_at_end']} "
           f"on {info['cpu_cores']} cores ({info['cpu_model']})")
