@@ -73,3 +73,25 @@ def test_optimizer_moments_carried_or_reset(tiny_recipe, tmp_path, keep):
     steps = {int(s["step"]) for s in state.values()}
     clm_steps, decay_steps = (recipe.steps_in_phase(p) for p in recipe.phases)
     assert steps == ({clm_steps + decay_steps} if keep else {decay_steps})
+
+
+def test_mismatched_tokenizer_is_refused(tiny_recipe, tmp_path, minilm):
+    from transformers import AutoTokenizer
+
+    from detour.errors import DetourError
+
+    cased = tmp_path / "cased-tokenizer"
+    tok = AutoTokenizer.from_pretrained(minilm, do_lower_case=False)
+    tok.save_pretrained(cased)
+    with pytest.raises(DetourError, match="different tokenizer"):
+        train(tiny_recipe(f"model.tokenizer={cased}"), tmp_path / "run", progress=False)
+
+
+def test_non_finite_loss_stops_with_a_clear_error_and_no_checkpoint(tiny_recipe, tmp_path):
+    from detour.errors import DetourError
+
+    recipe = tiny_recipe("optimizer.lr=1.0e+30", "phases.0.lr.warmup_tokens=null", "optimizer.grad_clip=null",
+                         "checkpoint.every_tokens=null")
+    with pytest.raises(DetourError, match="non-finite loss"):
+        train(recipe, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())

@@ -155,6 +155,9 @@ def train_step(model, optimizer, stream: PackedStream, recipe: Recipe, phase: Ph
         p.grad.div_(max(n_labels, 1))
     clip = recipe.optimizer.grad_clip
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf")))
+    if not math.isfinite(grad_norm):
+        raise DetourError(f"non-finite gradient norm in phase {phase.name!r} (loss {loss_sum / max(n_labels, 1):.4g}); "
+                          f"no checkpoint was written for this step; resume from the last one with a lower LR")
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()
