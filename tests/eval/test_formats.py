@@ -120,3 +120,26 @@ def test_hf_saved_dataset_with_classlabels(tmp_path):
     ds.save_to_disk(str(tmp_path / "ds"))
     exs = read_hf(tmp_path / "ds", spec(format="hf"), split="train")
     assert [(e["text"], e["label"]) for e in exs] == [("a", "neg"), ("b", "pos")]
+
+
+def test_jsonl_text_multilabel_and_tokens(tmp_path):
+    from detour.eval.formats import read_jsonl
+
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "a", "label": "x", "doc": "p1"}\r\n\r\n{"text": "b", "label": ["x", "y"]}\n'
+                 '{"tokens": ["c", "d"], "tags": ["B-T", "O"]}\n')
+    a, b, c = read_jsonl(f, spec(format="jsonl"))
+    assert a == {"text": "a", "label": "x", "doc": "p1"} and b["labels"] == ["x", "y"]
+    assert c["tokens"] == ["c", "d"] and c["tags"] == ["B-T", "O"]
+    f.write_text('{"text": "a"}\n')
+    with pytest.raises(DetourError, match=r"d.jsonl:1: missing field"):
+        read_jsonl(f, spec(format="jsonl"))
+
+
+def test_csv_quoted_fields_and_declared_columns(tmp_path):
+    from detour.eval.formats import read_csv
+
+    f = tmp_path / "d.csv"
+    f.write_text('42,"fever, cough",infection\r\n43,"arm ""broken""",trauma\r\n')
+    exs = read_csv(f, spec(format="csv", options={"header": False, "text_column": 1, "label_column": 2, "doc_column": 0}))
+    assert [(e["text"], e["label"], e["doc"]) for e in exs] == [("fever, cough", "infection", "42"), ('arm "broken"', "trauma", "43")]
