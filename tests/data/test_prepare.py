@@ -2,7 +2,6 @@
 
 import json
 
-import numpy as np
 import pytest
 
 from detour.cli import main
@@ -145,3 +144,28 @@ def test_yaml_spec_with_weights(minilm, tmp_path, capsys):
     spec.write_text("sources:\n  - {source: 'synthetic:clinical', wieght: 1}\n")
     assert main(["prepare", "--spec", str(spec), "--tokenizer", str(minilm), "--out", str(tmp_path / "x")]) == 2
     assert "sources[0]: unknown key(s) ['wieght']" in capsys.readouterr().err
+
+
+def test_killed_run_leaves_nothing_that_looks_complete(minilm, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "detour.cli", "prepare", "synthetic:clinical?docs=200000",
+                             "--tokenizer", str(minilm), "--out", str(out), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not list(tmp_path.glob("out.tmp-*/*/tokens-00000.bin")) and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (stale,) = tmp_path.glob("out.tmp-*")
+    assert not out.exists() and not (stale / "manifest.json").exists()
+    with pytest.raises(DetourError, match="no manifest.json"):
+        PreparedCorpus(next(stale.iterdir()))
+    prepare_sources(["synthetic:clinical?docs=3"], minilm, out)  # the next run cleans up after the dead one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

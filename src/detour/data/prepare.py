@@ -25,6 +25,7 @@ end: an interrupted run leaves no folder that looks complete.
 from __future__ import annotations
 
 import argparse
+import glob
 import multiprocessing
 import os
 import re
@@ -223,6 +224,7 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
         if src.synthetic:
             print(f"note: {src.spec} is SYNTHETIC clinical text (generated, not real data)", file=sys.stderr)
 
+    _remove_stale_temporaries(out)
     tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -269,6 +271,16 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
             pool.terminate()
             pool.join()
         _ENCODER, _SUFFIX = None, []
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """Delete DIR.tmp-<pid> folders left by killed runs (their process is gone)."""
+    import psutil
+
+    for tmp in out.parent.glob(f"{glob.escape(out.name)}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _commit(tmp: Path, out: Path) -> None:
