@@ -1,7 +1,5 @@
 """Source syntax and the readers' handling of bad input: a DetourError naming the file and line."""
 
-
-
 import pytest
 
 from detour.cli import main
