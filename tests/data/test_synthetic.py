@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from detour.data import synthetic
@@ -26,11 +28,13 @@ def test_documents_are_multi_paragraph_case_reports_of_the_right_size():
     assert "mmol/L" in text and "beats per minute" in text and "orally" in text and "intravenously" in text
 
 
-def test_vocabulary_is_rich_enough_to_keep_a_small_model_learning():
-    docs = list(synthetic.generate_documents(500, seed=0))
-    distinct_sentences = {s.strip() for d in docs for s in d.replace("\n", " ").split(". ")}
-    assert len(distinct_sentences) > 0.8 * sum(d.count(". ") + 1 for d in docs) * 0.5
-    assert len({w for d in docs for w in d.split()}) > 1500
+@pytest.mark.parametrize("lang", ["en", "fr"])
+def test_text_is_varied_enough_to_keep_a_small_model_learning(lang):
+    # (measured: a 4-layer ModernBERT's held-out MLM loss still fell steeply at 350k tokens)
+    docs = list(synthetic.generate_documents(500, seed=0, lang=lang))
+    sentences = [s.strip() for d in docs for s in re.split(r"(?<=\.)\s+", d) if s.strip()]
+    assert len(set(sentences)) > 0.4 * len(sentences)  # mostly not boilerplate
+    assert len({w for d in docs for w in d.split()}) > 1000
 
 
 def test_french_documents():
