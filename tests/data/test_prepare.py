@@ -169,3 +169,38 @@ def test_killed_run_leaves_nothing_that_looks_complete(minilm, tmp_path):
         PreparedCorpus(next(stale.iterdir()))
     prepare_sources(["synthetic:clinical?docs=3"], minilm, out)  # the next run cleans up after the dead one
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def _word_tokenizer(folder, with_template: bool):
+    """A real word-level tokenizer whose vocabulary exceeds uint16: the text's words get ids > 65535."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from detour.data.synthetic import generate_documents
+
+    words = sorted({w for d in generate_documents(20, seed=0) for w in d.split()})
+    tokens = ["<pad>", "<unk>", "<s>", "</s>"] + [f"filler{i}" for i in range(70_000)] + words
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if with_template:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 2), ("</s>", 3)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                            pad_token="<pad>").save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("with_template, template", [(True, "<s> ... </s>"), (False, "... </s>")])
+def test_roberta_style_and_eos_less_tokenizers_with_a_large_vocabulary(tmp_path, with_template, template):
+    from detour.data.synthetic import generate_documents
+
+    tok_dir = _word_tokenizer(tmp_path / "tok", with_template)
+    manifest = prepare_sources(["synthetic:clinical?docs=20&seed=0"], tok_dir, tmp_path / "out")
+    assert manifest["dtype"] == "<u4" and manifest["separator_policy"]["template"] == template
+    assert manifest["separator_policy"]["append_eos"] is (not with_template)
+    corpus = open_prepared(tmp_path / "out")[0][0]
+    doc = corpus.document(3).tolist()
+    vocab = json.loads((tok_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    words = list(generate_documents(20, seed=0))[3].split()
+    assert doc == ([2] if with_template else []) + [vocab[w] for w in words] + [3]
+    assert min(doc[1:-1]) > 65_535

@@ -50,8 +50,11 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def vocab_size(tokenizer) -> int:
-    """Number of ids the tokenizer can emit (base vocabulary plus added tokens)."""
-    return len(tokenizer)
+    """One more than the largest id the tokenizer can emit (base vocabulary plus added tokens).
+
+    Not just len(tokenizer): a vocabulary may have holes, and the shard dtype must hold the largest id.
+    """
+    return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
 
 
 def separator_policy(tokenizer) -> dict:
