@@ -117,3 +117,7 @@ def test_cli_on_two_results_files(tmp_path, capsys):
     assert data["delta"] == pytest.approx(0.02)
     assert data["p_value"] == pytest.approx(1 / 501)  # a constant shift: no resample is as extreme
     assert main(argv[:1] + [str(tmp_path / "detour.json"), "--a", "detour", "--b", "mlm"]) == 2
+    # the positional form `detour compare RESULTS... A B`
+    assert main(["compare", str(tmp_path / "detour.json"), str(tmp_path / "mlm.json"), "detour", "mlm",
+                 "--resamples", "500", "--seed", "3", "--tasks", "t1,t2"]) == 0
+    assert "+0.0200" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """`detour compare`: is model A's gain over model B real? A paired bootstrap over tasks x seeds.
 
     detour compare runs/eval/results.json --a detour-base --b mlm-base
+    detour compare runs/eval/results.json detour-base mlm-base          # the same, positional
     detour compare detour/results.json mlm/results.json          # one model in each file: A, then B
     detour compare results.json --a A --b B --tasks ncbi-disease,gad --metric micro_f1 --json cmp.json
 
@@ -250,8 +251,9 @@ def write_json(result: Comparison, out: Path) -> None:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("results", nargs="+", type=Path,
-                        help="results.json files (or their folders) written by `detour eval`")
+    parser.add_argument("results", nargs="+", type=Path, metavar="RESULTS",
+                        help="results.json files (or their folders) written by `detour eval`, "
+                        "optionally followed by the two model names (instead of --a/--b)")
     parser.add_argument("--a", help="model A (the name as given to `detour eval`, or its folder name)")
     parser.add_argument("--b", help="model B; without --a/--b, two files of one model each give A then B")
     parser.add_argument("--tasks", help="comma-separated tasks (default: every task both models ran)")
@@ -264,8 +266,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    paths, a, b = list(args.results), args.a, args.b
+    if a is None and b is None and len(paths) >= 3 and not any(p.exists() for p in paths[-2:]):
+        paths, a, b = paths[:-2], str(paths[-2]), str(paths[-1])  # `detour compare RESULTS A B`
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
-    result = compare(args.results, args.a, args.b, tasks, args.metric, args.resamples, args.seed,
+    result = compare(paths, a, b, tasks, args.metric, args.resamples, args.seed,
                      correction=not args.no_correction)
     print_comparison(result)
     if args.json_out:
