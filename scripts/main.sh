@@ -12,6 +12,5 @@ PY=${PYTHON:-python3}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 DATA=runs/data/synthetic-minilm
 OUT=${OUT:-runs/tiny-twins}
-[ -f "$DATA/manifest.json" ] || .venv/bin/detour prepare "synthetic:clinical?docs=3000&seed=0" \
-    --tokenizer minilm-l6 --out "$DATA"
+.venv/bin/detour prepare "synthetic:clinical?docs=3000&seed=0" --tokenizer minilm-l6 --out "$DATA" --overwrite
 .venv/bin/detour twins recipes/tiny-modernbert.yaml --out "$OUT" --resume "$@"

@@ -1,7 +1,7 @@
 """The `detour` command line: one verb per pipeline stage.
 
     detour --help
-    detour prepare synthetic:clinical:2000 --tokenizer <model folder> --out data/synthetic
+    detour prepare "synthetic:clinical?docs=2000&seed=0" --tokenizer minilm-l6 --out data/synthetic
 
 Each verb lives in its own module, which exposes `add_arguments(parser)` and `run(args) -> int`.
 Modules are imported only when their verb runs, so `detour --help` stays fast and a verb whose

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from detour.errors import DetourError
+from detour.train.distributed import World
 
 PREFIX = "step-"
 
@@ -39,27 +40,35 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_checkpoint(root: Path, step: int, model, optimizer, generator: torch.Generator,
-                    state: dict[str, Any], keep_last: int) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
+                    state: dict[str, Any], keep_last: int, world: World | None = None) -> Path:
+    """Save on every rank: the main rank writes weights, optimizer and state; each rank its RNG."""
+    world = world or World()
     final = root / f"{PREFIX}{step:08d}"
-    tmp = root / f".tmp-{PREFIX}{step:08d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    # The temporary name is the same on every rank (no pid) so all ranks write into one folder.
+    tmp = root / f".tmp-{PREFIX}{step:08d}"
+    if world.main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps(state, indent=2))
+    world.barrier()
     rng = {"torch": torch.get_rng_state(), "mask_generator": generator.get_state()}
     if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng, tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps(state, indent=2))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    if final.exists():  # a re-save of the same step (e.g. signal at a phase end)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
-    _prune(root, keep_last)
+        rng["cuda"] = torch.cuda.get_rng_state()
+    torch.save(rng, tmp / f"rng-{world.rank}.pt")
+    world.barrier()
+    if world.main:
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():  # a re-save of the same step (e.g. signal at a phase end)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        _prune(root, keep_last)
+    world.barrier()
     return final
 
 
@@ -90,7 +99,12 @@ def latest_checkpoint(root: Path) -> Checkpoint | None:
     return Checkpoint(path, state)
 
 
-def restore_checkpoint(ckpt: Checkpoint, model, optimizer, generator: torch.Generator) -> None:
+def restore_checkpoint(ckpt: Checkpoint, model, optimizer, generator: torch.Generator, world: World | None = None) -> None:
+    world = world or World()
+    saved_world = ckpt.state.get("world_size", 1)
+    if saved_world != world.size:
+        raise DetourError(f"checkpoint {ckpt.path} was written by {saved_world} process(es); resume it with the same "
+                          f"number (got {world.size})")
     missing, unexpected = load_model(model, str(ckpt.path / "model.safetensors"), strict=False)
     if unexpected or missing:
         # Tied decoder weights may be stored once; anything else is a different model.
@@ -98,9 +112,9 @@ def restore_checkpoint(ckpt: Checkpoint, model, optimizer, generator: torch.Gene
         if unexpected or real_missing:
             raise DetourError(f"checkpoint {ckpt.path} does not match the model: missing {real_missing[:5]}, "
                               f"unexpected {unexpected[:5]}")
-    optimizer.load_state_dict(torch.load(ckpt.path / "optimizer.pt", weights_only=True))
-    rng = torch.load(ckpt.path / "rng.pt", weights_only=True)
+    optimizer.load_state_dict(torch.load(ckpt.path / "optimizer.pt", map_location="cpu", weights_only=True))
+    rng = torch.load(ckpt.path / f"rng-{world.rank}.pt", map_location="cpu", weights_only=True)
     torch.set_rng_state(rng["torch"])
     generator.set_state(rng["mask_generator"])
     if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+        torch.cuda.set_rng_state(rng["cuda"])

@@ -17,7 +17,6 @@ import math
 import os
 import signal
 import time
-from collections import deque
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from detour.config import PhaseSpec, Recipe, recipe_to_dict
 from detour.data.packing import PackedStream, collate, validate_seq_len
 from detour.errors import DetourError
 from detour.train.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+from detour.train.distributed import World, init_world, shutdown_world
 from detour.train.metrics import MetricsLog, Progress
 from detour.train.schedule import lr_at
 from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, select_device
@@ -51,34 +51,38 @@ class TrainResult:
     summary: dict[str, Any]
 
 
-def fresh_state() -> dict[str, Any]:
+def fresh_state(world_size: int) -> dict[str, Any]:
     return {"phase_index": 0, "phase_step": 0, "phase_tokens": 0, "global_step": 0, "global_tokens": 0,
-            "sampler": None, "phases": {}}
+            "world_size": world_size, "sampler": None, "phases": {}}
 
 
 def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
     out = Path(out)
     transformers.utils.logging.disable_progress_bar()  # one bar per export is noise; ours is enough
-    device = select_device(recipe.device)
-    _prepare_out_dir(out, recipe, resume)
-    torch.manual_seed(recipe.seed)
+    world = init_world()
+    device = select_device(recipe.device, world.local_rank)
+    _check_divisible(recipe, world)
+    if world.main:
+        _prepare_out_dir(out, recipe, resume)
+    world.barrier()
+    torch.manual_seed(recipe.seed)  # identical initial weights on every rank
     model, tokenizer = build_model(recipe, device)
     check_data_matches_tokenizer(recipe, tokenizer)
     validate_seq_len(recipe.data.seq_len, model.config.max_position_embeddings)
-    stream = PackedStream.from_paths([(s.path, s.weight) for s in recipe.data.sources],
-                                     seq_len=recipe.data.seq_len, seed=recipe.data.shuffle_seed)
+    stream = PackedStream.from_paths([(s.path, s.weight) for s in recipe.data.sources], seq_len=recipe.data.seq_len,
+                                     seed=recipe.data.shuffle_seed, rank=world.rank, world_size=world.size)
     optimizer = build_optimizer(model, recipe.optimizer)
-    generator = torch.Generator().manual_seed(recipe.seed)  # MLM masking draws, checkpointed
-    state = fresh_state()
-    log = MetricsLog(out / "metrics.jsonl")
+    generator = torch.Generator().manual_seed(recipe.seed + world.rank)  # MLM masking draws, checkpointed
+    state = fresh_state(world.size)
+    log = MetricsLog(out / "metrics.jsonl", enabled=world.main)
     if resume and (ckpt := latest_checkpoint(out / "checkpoints")) is not None:
-        restore_checkpoint(ckpt, model, optimizer, generator)
+        restore_checkpoint(ckpt, model, optimizer, generator, world)
         state = ckpt.state
         stream.load_state_dict(state["sampler"])
         log.truncate_after(state["global_step"])
     per_step = recipe.tokens_per_step()
 
-    with _stop_on_signals() as stop, Progress(recipe, enabled=progress) as bar:
+    with _stop_on_signals() as stop, Progress(recipe, enabled=progress and world.main) as bar:
         for index, phase in enumerate(recipe.phases):
             if index < state["phase_index"]:
                 continue
@@ -87,17 +91,18 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                 optimizer.state.clear()  # fresh AdamW moments for this phase
             _apply_freeze(model, phase)
             bar.start_phase(phase, state["phase_tokens"])
-            while state["phase_tokens"] < phase.tokens:
+            while True:
                 n_tokens = min(per_step, phase.tokens - state["phase_tokens"])
                 lr = lr_at(phase.lr, phase.lr.peak or recipe.optimizer.lr, state["phase_tokens"] + n_tokens, phase.tokens)
                 t0 = time.perf_counter()
                 loss, grad_norm, padding = train_step(model, optimizer, stream, recipe, phase, n_tokens, lr,
-                                                      generator, tokenizer.pad_token_id, record, device)
+                                                      generator, tokenizer.pad_token_id, record, device, world)
                 elapsed = time.perf_counter() - t0
+                before = state["global_tokens"]
                 state["phase_step"] += 1
                 state["global_step"] += 1
                 state["phase_tokens"] += n_tokens
-                before, state["global_tokens"] = state["global_tokens"], state["global_tokens"] + n_tokens
+                state["global_tokens"] += n_tokens
                 record["tokens"] = state["phase_tokens"]
                 record["recent_losses"] = (record["recent_losses"] + [loss])[-10:]
                 log.write({"phase": phase.name, "objective": phase.objective, "step": state["phase_step"],
@@ -106,35 +111,44 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                            "padding_tokens": padding})
                 bar.advance(n_tokens, loss)
                 phase_done = state["phase_tokens"] == phase.tokens
-                if phase_done:  # export first: a crash before the checkpoint redoes the step and re-exports
+                if phase_done and world.main:  # export first: a crash before the checkpoint redoes the step
                     _export(model, tokenizer, recipe, state, out / "export" / phase.name)
+                if phase_done:
                     state.update(phase_index=index + 1, phase_step=0, phase_tokens=0)
                 every = recipe.checkpoint.every_tokens
                 periodic = every is not None and before // every != state["global_tokens"] // every
-                if phase_done or periodic or stop.signum:
+                stopping = world.any(stop.signum != 0)
+                if phase_done or periodic or stopping:
                     state["sampler"] = stream.state_dict()
                     path = save_checkpoint(out / "checkpoints", state["global_step"], model, optimizer, generator,
-                                           state, recipe.checkpoint.keep_last)
-                    if stop.signum:
-                        raise TrainingStopped(stop.signum, path)
+                                           state, recipe.checkpoint.keep_last, world)
+                    if stopping:
+                        raise TrainingStopped(stop.signum or signal.SIGTERM, path)
                 if phase_done:
                     break
 
-    final = _export(model, tokenizer, recipe, state, out / "model")
-    summary = _summary(recipe, state, final)
-    _write_json(out / "summary.json", summary)
+    summary = {}
+    if world.main:
+        final = _export(model, tokenizer, recipe, state, out / "model")
+        summary = _summary(recipe, state, final)
+        _write_json(out / "summary.json", summary)
+    world.barrier()
+    shutdown_world(world)
     return TrainResult(out, summary)
 
 
-def train_step(model, optimizer, stream: PackedStream, recipe: Recipe, phase: PhaseSpec, n_tokens: int,
-               lr: float, generator: torch.Generator, pad_id: int, record: dict, device) -> tuple[float, float, int]:
-    """One optimizer step over exactly `n_tokens` tokens; returns (loss, grad norm, padding tokens)."""
-    from detour.model.objectives import objective_loss
+def train_step(model, optimizer, stream: PackedStream, recipe: Recipe, phase: PhaseSpec, n_tokens: int, lr: float,
+               generator: torch.Generator, pad_id: int, record: dict, device, world: World) -> tuple[float, float, int]:
+    """One optimizer step over exactly `n_tokens` tokens (all ranks together).
 
-    seq_len = recipe.data.seq_len
-    lengths = [seq_len] * (n_tokens // seq_len) + ([n_tokens % seq_len] if n_tokens % seq_len else [])
+    Returns the loss per label token, the gradient norm and the padding tokens, all global.
+    """
+    from detour.model.objectives import clm_loss, mlm_loss
+
+    seq_len, mine = recipe.data.seq_len, n_tokens // world.size
+    lengths = [seq_len] * (mine // seq_len) + ([mine % seq_len] if mine % seq_len else [])
     sequences = [stream.next_sequence(n) for n in lengths]
-    record["stream_hash"] = _chain_hash(record["stream_hash"], sequences)
+    record["stream_hash"] = _chain_hash(record["stream_hash"], sequences, world)
     model.train()
     loss_sum, n_labels, padding = 0.0, 0, 0
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -143,26 +157,33 @@ def train_step(model, optimizer, stream: PackedStream, recipe: Recipe, phase: Ph
         padding += int((batch["attention_mask"] == 0).sum())
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         with autocast:
-            out = objective_loss(model, batch, phase.objective, phase.mask_rate, generator)
+            if phase.objective == "clm":
+                out = clm_loss(model, batch, chunk_size=recipe.clm_chunk_size)
+            else:
+                out = mlm_loss(model, batch, phase.mask_rate, generator)
         out.loss_sum.backward()  # summed, not averaged: normalised once below by the global label count
         loss_sum += float(out.loss_sum.detach())
         n_labels += int(out.n_labels)
+    loss_sum, n_labels, padding = world.sum([loss_sum, n_labels, padding])
+    n_labels, padding = max(int(n_labels), 1), int(padding)
     if not math.isfinite(loss_sum):
         raise DetourError(f"non-finite loss ({loss_sum}) in phase {phase.name!r}; no checkpoint was written "
                           f"for this step; resume from the last checkpoint with a lower LR")
-    params = [p for p in model.parameters() if p.grad is not None]
+    params = [p for p in model.parameters() if p.requires_grad]
+    world.sum_gradients(params)
+    params = [p for p in params if p.grad is not None]
     for p in params:
-        p.grad.div_(max(n_labels, 1))
+        p.grad.div_(n_labels)
     clip = recipe.optimizer.grad_clip
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf")))
     if not math.isfinite(grad_norm):
-        raise DetourError(f"non-finite gradient norm in phase {phase.name!r} (loss {loss_sum / max(n_labels, 1):.4g}); "
+        raise DetourError(f"non-finite gradient norm in phase {phase.name!r} (loss {loss_sum / n_labels:.4g}); "
                           f"no checkpoint was written for this step; resume from the last one with a lower LR")
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # None, not zero: AdamW then skips frozen params entirely
-    return loss_sum / max(n_labels, 1), grad_norm, padding
+    return loss_sum / n_labels, grad_norm, padding
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -173,12 +194,21 @@ def _phase_record(phase: PhaseSpec) -> dict[str, Any]:
             "stream_hash": "", "recent_losses": []}
 
 
-def _chain_hash(previous: str, sequences) -> str:
-    """Hash of every token id consumed so far in the phase, chained so it survives a resume."""
-    h = hashlib.sha256(previous.encode())
+def _chain_hash(previous: str, sequences, world: World) -> str:
+    """Hash of every token id consumed so far in the phase (all ranks), chained so it survives a resume."""
+    h = hashlib.sha256()
     for seq in sequences:
         h.update(seq.input_ids.astype("<i8").tobytes())
-    return h.hexdigest()
+    step = world.stream_digest(h.hexdigest())
+    return hashlib.sha256((previous + step).encode()).hexdigest()
+
+
+def _check_divisible(recipe: Recipe, world: World) -> None:
+    recipe.grad_accumulation(world.size)
+    for phase in recipe.phases:
+        if phase.tokens % world.size:
+            raise DetourError(f"phases: {phase.name}.tokens ({phase.tokens}) must be a multiple of the number of "
+                              f"processes ({world.size}) so every rank's share of the last step is equal")
 
 
 def _apply_freeze(model, phase: PhaseSpec) -> None:

@@ -16,16 +16,19 @@ from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeE
 
 
 class MetricsLog:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, enabled: bool = True):
         self.path = path
+        self.enabled = enabled  # only the main process writes
 
     def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
 
     def truncate_after(self, global_step: int) -> None:
         """On resume, drop records of steps the checkpoint does not contain (they will be redone)."""
-        if not self.path.is_file():
+        if not self.enabled or not self.path.is_file():
             return
         kept = []
         for line in self.path.read_text(encoding="utf-8").splitlines():

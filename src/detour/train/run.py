@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     except TrainingStopped as stop:
         print(f"detour train: {stop}", file=sys.stderr)
         return RESUMABLE_EXIT
+    if not result.summary:  # not the main process under torchrun: rank 0 reports
+        return 0
     for name, phase in result.summary["phases"].items():
         print(f"{name}: {phase['objective']} {phase['tokens']:,} tokens, final loss {phase['final_loss']:.4f}")
     print(f"model: {result.summary['model']}")

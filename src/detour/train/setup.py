@@ -13,12 +13,12 @@ from detour.errors import DetourError
 from detour.paths import resolve_model_ref
 
 
-def select_device(choice: str) -> torch.device:
+def select_device(choice: str, local_rank: int = 0) -> torch.device:
     if choice == "cuda" and not torch.cuda.is_available():
         raise DetourError("device: cuda requested but no CUDA device is available")
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(choice)
+    return torch.device(choice, local_rank) if choice == "cuda" else torch.device(choice)
 
 
 def build_model(recipe: Recipe, device: torch.device):

@@ -50,6 +50,8 @@ def run_twins(recipe, out: Path, resume: bool = False, progress: bool = True) ->
             summaries[name] = json.loads(done.read_text())
             continue
         summaries[name] = train(arm, folder, resume=resume, progress=progress).summary
+    if not summaries["detour"]:  # not the main process under torchrun: rank 0 writes the report
+        return {}
     report = compare_arms(summaries["detour"], summaries["baseline"])
     tmp = out / f".twins.json.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(report, indent=2))
@@ -71,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     except TrainingStopped as stop:
         print(f"detour twins: {stop}", file=sys.stderr)
         return RESUMABLE_EXIT
+    if not report:
+        return 0
     for arm, summary in report["arms"].items():
         losses = ", ".join(f"{p} {v['objective']} {v['final_loss']:.4f}" for p, v in summary["phases"].items())
         print(f"{arm:9s} {losses}")

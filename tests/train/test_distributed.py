@@ -1,0 +1,36 @@
+"""Real multi-process training: torchrun with 2 CPU processes (gloo) matches one process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+from detour.train.loop import train
+from tests.train.conftest import RECIPES, TINY
+
+
+def test_torchrun_two_processes_match_one(tiny_recipe, synthetic_data, tmp_path):
+    # CLM has no random draws, so 2 ranks x 1 micro-batch must give the same update as 1 rank x 2.
+    overrides = ["phases.0.tokens=1280", "phases.1.tokens=256", "checkpoint.every_tokens=null"]
+    single = tmp_path / "single"
+    train(tiny_recipe(*overrides), single, progress=False)
+    ddp = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "detour.cli", "train", str(RECIPES / "tiny-modernbert.yaml"), "--out", str(ddp), "--no-progress"]
+    for s in [f"data.sources=[{synthetic_data}]", *TINY, *overrides]:
+        cmd += ["--set", s]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    a = load_file(str(single / "export" / "clm" / "model.safetensors"))
+    b = load_file(str(ddp / "export" / "clm" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=2e-5, msg=k)
+    assert not all(torch.equal(a[k], load_file(str(ddp / "model" / "model.safetensors"))[k]) for k in a)
+    ckpt = sorted((ddp / "checkpoints").iterdir())[-1]
+    assert {"rng-0.pt", "rng-1.pt", "model.safetensors", "optimizer.pt", "state.json"} <= {p.name for p in ckpt.iterdir()}
+    assert len((ddp / "metrics.jsonl").read_text().splitlines()) == len((single / "metrics.jsonl").read_text().splitlines())
