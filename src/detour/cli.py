@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     except DetourError as exc:
         print(f"detour {verb}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `detour doctor MODEL | head`
+        return 0
     except KeyboardInterrupt:
         print(f"detour {verb}: interrupted", file=sys.stderr)
         return 130

@@ -62,15 +62,16 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     world = init_world()
     device = select_device(recipe.device, world.local_rank)
     _check_divisible(recipe, world)
-    if world.main:
-        _prepare_out_dir(out, recipe, resume)
-    world.barrier()
+    _check_out_dir(out, recipe, resume)
     torch.manual_seed(recipe.seed)  # identical initial weights on every rank
     model, tokenizer = build_model(recipe, device)
     check_data_matches_tokenizer(recipe, tokenizer)
     validate_seq_len(recipe.data.seq_len, model.config.max_position_embeddings)
     stream = PackedStream.from_paths([(s.path, s.weight) for s in recipe.data.sources], seq_len=recipe.data.seq_len,
                                      seed=recipe.data.shuffle_seed, rank=world.rank, world_size=world.size)
+    if world.main:
+        _start_out_dir(out, recipe, resume)
+    world.barrier()
     optimizer = build_optimizer(model, recipe.optimizer)
     generator = torch.Generator().manual_seed(recipe.seed + world.rank)  # MLM masking draws, checkpointed
     state = fresh_state(world.size)
@@ -267,17 +268,24 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _prepare_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
+def _check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
+    """Refuse to overwrite a run that has checkpoints, or to resume one with another recipe."""
     saved = out / "recipe.json"
-    resolved = recipe_to_dict(recipe)
-    if saved.is_file():
-        if not resume:
-            raise DetourError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
-        if json.loads(saved.read_text()) != resolved:
-            raise DetourError(f"{out} holds a run of a different recipe (see {saved}); resume with the same recipe "
-                              f"and --set overrides, or choose another --out")
+    if not (saved.is_file() and latest_checkpoint(out / "checkpoints") is not None):
+        return
+    if not resume:
+        raise DetourError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
+    if json.loads(saved.read_text()) != recipe_to_dict(recipe):
+        raise DetourError(f"{out} holds a run of a different recipe (see {saved}); resume with the same recipe "
+                          f"and --set overrides, or choose another --out")
+
+
+def _start_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
+    """Called once set-up succeeded, so a failed start leaves nothing behind that looks like a run."""
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(saved, resolved)
+    if not resume or latest_checkpoint(out / "checkpoints") is None:
+        (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh start: no stale records
+    _write_json(out / "recipe.json", recipe_to_dict(recipe))
 
 
 class _StopFlag:
