@@ -1,0 +1,281 @@
+"""`detour analyze`: analyses of two encoders; `cka` is per-layer linear CKA (the others are not built).
+
+    detour analyze cka runs/twins/detour/model runs/twins/baseline/model \
+        --noise-floor runs/twins-seed2/baseline/model --texts synthetic --n 500 --seeds 3 --out runs/cka
+    detour analyze cka minilm-l6 minilm-l6 --n 40 --seeds 2 --max-length 64 --out runs/cka-self
+
+For each seed s, n held-out texts are sampled (`detour.analysis.texts`), every model encodes them,
+and each layer's mean-pooled features (L+1 layers, embeddings first) give CKA(A_l, B_l). Per layer
+the output holds the CKA mean and standard deviation over seeds and the divergence
+d = 1 - mean CKA. With `--noise-floor C` (an MLM twin of B trained with another seed) it adds
+d(C_l, B_l) and the seed-noise ratio r_l = d(A_l, B_l) / d(C_l, B_l). Writes OUT/cka.json and
+OUT/cka.png (atomically) and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+from detour.analysis.cka import layer_features, linear_cka
+from detour.analysis.texts import is_synthetic, sample_texts
+from detour.errors import DetourError
+from detour.paths import resolve_model_ref
+
+SCHEMA = "detour.cka/1"
+
+
+# ---- models ----
+
+def _load_config(ref: str):
+    from transformers import AutoConfig
+
+    path = resolve_model_ref(ref)
+    try:
+        return path, AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise DetourError(f"model {ref}: cannot read a Hugging Face config ({exc})") from exc
+
+
+def _load_encoder(path: str, ref: str):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # An MLM checkpoint loaded as its bare encoder makes transformers list the unused head weights;
+    # dropping the head is what we want here.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModel.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise DetourError(f"model {ref}: cannot load a tokenizer and encoder from {path} ({exc})") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    return model.eval().requires_grad_(False), tokenizer
+
+
+def check_same_depth(refs: dict[str, str], configs: dict) -> int:
+    """The shared number of transformer layers; DetourError if the models differ."""
+    depths = {role: getattr(cfg, "num_hidden_layers", None) for role, cfg in configs.items()}
+    for role, depth in depths.items():
+        if not isinstance(depth, int):
+            raise DetourError(f"{role} {refs[role]}: config has no num_hidden_layers; is it a text encoder?")
+    if len(set(depths.values())) > 1:
+        listed = ", ".join(f"{role} {refs[role]} has {d}" for role, d in depths.items())
+        raise DetourError(f"layer counts differ ({listed}): per-layer CKA compares layer i of one model with "
+                          "layer i of the other, so the models must have the same number of layers")
+    return next(iter(depths.values()))
+
+
+def check_same_tokenizer(refs: dict[str, str], tokenizers: dict, probe: list[str], max_length: int) -> None:
+    """Every tokenizer has model A's vocabulary and splits the probe texts into the same ids."""
+    ref_role = next(iter(tokenizers))
+    vocab = tokenizers[ref_role].get_vocab()
+    ids = tokenizers[ref_role](probe, truncation=True, max_length=max_length)["input_ids"]
+    for role, tok in tokenizers.items():
+        if role == ref_role:
+            continue
+        other = tok.get_vocab()
+        if other != vocab:
+            only_a = sorted(set(vocab) - set(other))[:3]
+            only_b = sorted(set(other) - set(vocab))[:3]
+            moved = sorted(t for t in set(vocab) & set(other) if vocab[t] != other[t])[:3]
+            raise DetourError(
+                f"tokenizers differ: {ref_role} {refs[ref_role]} has {len(vocab)} tokens, {role} {refs[role]} "
+                f"has {len(other)} (only in the first: {only_a}, only in the second: {only_b}, other ids: {moved}); "
+                "both models must share one tokenizer so that they read the same tokens")
+        if tok(probe, truncation=True, max_length=max_length)["input_ids"] != ids:
+            raise DetourError(f"tokenizers of {ref_role} {refs[ref_role]} and {role} {refs[role]} share a vocabulary "
+                              "but split the texts differently (normalisation, lowercasing?); both models must "
+                              "share one tokenizer")
+
+
+# ---- the analysis ----
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single seed)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def cka_analysis(model_a: str, model_b: str, noise_floor: str | None = None, texts: str = "synthetic",
+                 n: int = 500, seeds: int = 3, max_length: int = 256, batch_size: int = 16, lang: str = "en",
+                 text_field: str = "text", device: str | None = None) -> dict:
+    """Per-layer CKA of A with B (and of C with B) averaged over `seeds` samples of n texts."""
+    import torch
+
+    if n < 2:
+        raise DetourError(f"--n must be at least 2 (CKA compares examples with each other), got {n}")
+    if seeds < 1 or max_length < 2 or batch_size < 1:
+        raise DetourError("--seeds and --batch-size must be at least 1, --max-length at least 2")
+    t0 = time.time()
+    refs = {"model_a": model_a, "model_b": model_b}
+    if noise_floor is not None:
+        refs["noise_floor"] = noise_floor
+    loaded = {role: _load_config(ref) for role, ref in refs.items()}
+    depth = check_same_depth(refs, {role: cfg for role, (_, cfg) in loaded.items()})
+    samples = [sample_texts(texts, n, seed, lang=lang, text_field=text_field) for seed in range(seeds)]
+    encoders = {role: _load_encoder(path, refs[role]) for role, (path, _) in loaded.items()}
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    per_seed = {"ab": [], "cb": []}  # per seed, a list of L+1 CKA values
+    for seed, sample in enumerate(samples):
+        check_same_tokenizer(refs, {role: tok for role, (_, tok) in encoders.items()}, sample, max_length)
+        feats = {role: layer_features(model, tok, sample, max_length, batch_size, dev)
+                 for role, (model, tok) in encoders.items()}
+        if any(len(f) != depth + 1 for f in feats.values()):
+            raise DetourError(f"expected {depth + 1} hidden states per model, got "
+                              f"{ {role: len(f) for role, f in feats.items()} }")
+        try:
+            per_seed["ab"].append([linear_cka(a, b) for a, b in zip(feats["model_a"], feats["model_b"])])
+            if noise_floor is not None:
+                per_seed["cb"].append([linear_cka(c, b) for c, b in zip(feats["noise_floor"], feats["model_b"])])
+        except ValueError as exc:
+            raise DetourError(f"seed {seed}: CKA undefined ({exc}); use more or more varied texts") from exc
+
+    layers = []
+    for layer in range(depth + 1):
+        values = [s[layer] for s in per_seed["ab"]]
+        mean, std = _stats(values)
+        row = {"layer": layer, "name": "embeddings" if layer == 0 else f"layer {layer}",
+               "cka_mean": mean, "cka_std": std, "cka_per_seed": values, "divergence": 1.0 - mean}
+        if noise_floor is not None:
+            noise = [s[layer] for s in per_seed["cb"]]
+            n_mean, n_std = _stats(noise)
+            d_noise = 1.0 - n_mean
+            row.update(noise_cka_mean=n_mean, noise_cka_std=n_std, noise_cka_per_seed=noise,
+                       noise_divergence=d_noise,
+                       seed_noise_ratio=(1.0 - mean) / d_noise if d_noise > 0 else None)
+        layers.append(row)
+    return {
+        "schema": SCHEMA,
+        "config": {
+            "model_a": model_a, "model_b": model_b, "noise_floor": noise_floor,
+            "texts": texts, "synthetic_texts": is_synthetic(texts), "lang": lang if is_synthetic(texts) else None,
+            "n": n, "seeds": list(range(seeds)), "max_length": max_length, "batch_size": batch_size,
+            "device": str(dev), "dtype": "float64",
+            "features": "mean over real (attention-masked) tokens of each hidden state; layer 0 = embeddings, "
+                        "layer i = output of transformer layer i (before ModernBERT's final_norm)",
+            "cka": "linear CKA on centred features; divergence = 1 - mean CKA over seeds; std = sample std over seeds",
+            "seed_noise_ratio": "d(model_a, model_b) / d(noise_floor, model_b); null when that floor is 0",
+        },
+        "num_layers": depth,
+        "layers": layers,
+        "seconds": round(time.time() - t0, 2),
+    }
+
+
+# ---- outputs ----
+
+def _atomic(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = result["layers"]
+    x = [row["layer"] for row in layers]
+    cfg = result["config"]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.errorbar(x, [row["divergence"] for row in layers], yerr=[row["cka_std"] for row in layers],
+                marker="o", capsize=3, label=f"d(A, B): {Path(cfg['model_a']).name} vs {Path(cfg['model_b']).name}")
+    if cfg["noise_floor"] is not None:
+        ax.errorbar(x, [row["noise_divergence"] for row in layers], yerr=[row["noise_cka_std"] for row in layers],
+                    marker="s", ls="--", color="grey", capsize=3,
+                    label=f"noise floor d(C, B): {Path(cfg['noise_floor']).name}")
+    ax.set_xticks(x, ["emb"] + [str(i) for i in x[1:]])
+    ax.set_xlabel("layer (emb = embeddings)")
+    ax.set_ylabel("divergence 1 - linear CKA")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"per-layer CKA divergence, {cfg['n']} texts x {len(cfg['seeds'])} seeds"
+                 + (" (synthetic texts)" if cfg["synthetic_texts"] else ""), fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+
+
+def write_outputs(result: dict, out: Path) -> None:
+    """OUT/cka.png, then OUT/cka.json (written last: its presence means the run completed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    plot(result, out / "cka.png")
+    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
+    _atomic(out / "cka.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    noise = result["config"]["noise_floor"] is not None
+    table = Table(title=f"linear CKA per layer: A = {result['config']['model_a']}, B = {result['config']['model_b']}"
+                        + (f", C = {result['config']['noise_floor']}" if noise else ""))
+    table.add_column("layer")
+    table.add_column("CKA(A,B)", justify="right")
+    table.add_column("d(A,B)", justify="right")
+    if noise:
+        table.add_column("d(C,B)", justify="right")
+        table.add_column("r = d(A,B)/d(C,B)", justify="right")
+    for row in result["layers"]:
+        cells = [row["name"], f"{row['cka_mean']:.4f} ± {row['cka_std']:.4f}", f"{row['divergence']:.4f}"]
+        if noise:
+            ratio = row["seed_noise_ratio"]
+            cells += [f"{row['noise_divergence']:.4f}", "-" if ratio is None else f"{ratio:.2f}"]
+        table.add_row(*cells)
+    Console().print(table)
+
+
+# ---- the verb ----
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
+    p = sub.add_parser("cka", help="per-layer linear CKA between two encoders (freeze and transplant analyses "
+                                   "are not built yet)",
+                       description="Per-layer linear CKA between two encoders that share a tokenizer and depth.")
+    p.add_argument("model_a", help="first encoder (the detour): a folder, a hub name, or the alias minilm-l6")
+    p.add_argument("model_b", help="second encoder (the MLM baseline)")
+    p.add_argument("--noise-floor", metavar="MODEL_C",
+                   help="an MLM twin of MODEL_B trained with another seed: adds d(C, B) and r = d(A, B) / d(C, B)")
+    p.add_argument("--texts", default="synthetic",
+                   help="held-out texts: 'synthetic' (default; generator seeds 10000+) or a corpus file "
+                        "(.txt one a line, .jsonl, .parquet) sampled per seed")
+    p.add_argument("--text-field", default="text", help="JSONL/Parquet field holding the text (default text)")
+    p.add_argument("--lang", default="en", choices=("en", "fr"), help="language of the synthetic texts")
+    p.add_argument("--n", type=int, default=500, help="texts per seed (default 500, as in the paper)")
+    p.add_argument("--seeds", type=int, default=3, help="independent text samples to average over (default 3)")
+    p.add_argument("--max-length", type=int, default=256, help="tokens per text, special tokens included (default 256)")
+    p.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default 16)")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--out", type=Path, default=Path("runs/cka"), help="output folder (default runs/cka)")
+
+
+def run(args) -> int:
+    if args.analysis != "cka":  # argparse only offers built analyses; this guards a future one
+        raise DetourError(f"analysis {args.analysis!r} is not built yet")
+    result = cka_analysis(args.model_a, args.model_b, args.noise_floor, args.texts, args.n, args.seeds,
+                          args.max_length, args.batch_size, args.lang, args.text_field, args.device)
+    write_outputs(result, args.out)
+    print_table(result)
+    if result["config"]["synthetic_texts"]:
+        print("texts: SYNTHETIC clinical reports (a smoke test, not a result; pass --texts FILE for real text)")
+    print(f"wrote {args.out / 'cka.json'} and {args.out / 'cka.png'} ({result['seconds']:.1f} s)")
+    return 0
