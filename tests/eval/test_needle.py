@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from detour.cli import main
-from detour.eval.needle import Haystacks, make_pairs
+from detour.eval.needle_haystack import Haystacks, make_pairs
 from detour.eval.needle_templates import LEXICONS, TEMPLATES, make_fact, slots
 
 
