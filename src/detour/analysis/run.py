@@ -36,10 +36,13 @@ def _load_config(ref: str):
     from transformers import AutoConfig
 
     path = resolve_model_ref(ref)
+    if not Path(path).exists() and (Path(path).is_absolute() or path.startswith((".", "~"))):
+        raise DetourError(f"model {ref}: no such folder")
     try:
         return path, AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
-        raise DetourError(f"model {ref}: cannot read a Hugging Face config ({exc})") from exc
+        where = "a folder without a usable config.json" if Path(path).is_dir() else "not a folder here, nor a hub model"
+        raise DetourError(f"model {ref}: {where} ({exc})") from exc
 
 
 def _load_encoder(path: str, ref: str):
@@ -222,13 +225,21 @@ def write_outputs(result: dict, out: Path) -> None:
     _atomic(out / "cka.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def _d(value: float) -> str:
+    # Divergences between nearly unchanged layers are of order 1e-5: fixed decimals would show 0.
+    return f"{value:.4f}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+
+
 def print_table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    noise = result["config"]["noise_floor"] is not None
-    table = Table(title=f"linear CKA per layer: A = {result['config']['model_a']}, B = {result['config']['model_b']}"
-                        + (f", C = {result['config']['noise_floor']}" if noise else ""))
+    cfg = result["config"]
+    noise = cfg["noise_floor"] is not None
+    console = Console()
+    console.print(f"A = {cfg['model_a']}\nB = {cfg['model_b']}" + (f"\nC = {cfg['noise_floor']}" if noise else ""),
+                  highlight=False)
+    table = Table(title=f"linear CKA per layer, {cfg['n']} texts x {len(cfg['seeds'])} seeds (mean ± std)")
     table.add_column("layer")
     table.add_column("CKA(A,B)", justify="right")
     table.add_column("d(A,B)", justify="right")
@@ -236,12 +247,12 @@ def print_table(result: dict) -> None:
         table.add_column("d(C,B)", justify="right")
         table.add_column("r = d(A,B)/d(C,B)", justify="right")
     for row in result["layers"]:
-        cells = [row["name"], f"{row['cka_mean']:.4f} ± {row['cka_std']:.4f}", f"{row['divergence']:.4f}"]
+        cells = [row["name"], f"{row['cka_mean']:.4f} ± {row['cka_std']:.4f}", _d(row["divergence"])]
         if noise:
             ratio = row["seed_noise_ratio"]
-            cells += [f"{row['noise_divergence']:.4f}", "-" if ratio is None else f"{ratio:.2f}"]
+            cells += [_d(row["noise_divergence"]), "-" if ratio is None else f"{ratio:.2f}"]
         table.add_row(*cells)
-    Console().print(table)
+    console.print(table)
 
 
 # ---- the verb ----
