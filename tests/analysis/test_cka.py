@@ -216,3 +216,11 @@ def test_different_tokenizers_fail_clearly(tiny, tmp_path, capsys):
     assert _analyze(tiny["s0"], other, "--n", 4, "--out", tmp_path / "out") == 2
     err = capsys.readouterr().err
     assert "tokenizers differ" in err and "pericholecystic" in err
+
+
+def test_alias_and_bert_models_are_accepted(minilm, tmp_path):
+    out = tmp_path / "minilm"
+    assert _analyze("minilm-l6", minilm, "--n", 6, "--seeds", 1, "--max-length", 24, "--out", out) == 0
+    result = json.loads((out / "cka.json").read_text())
+    assert result["num_layers"] == 6 and len(result["layers"]) == 7
+    assert all(abs(row["divergence"]) < 1e-12 for row in result["layers"])
