@@ -125,9 +125,11 @@ def cka_analysis(model_a: str, model_b: str, noise_floor: str | None = None, tex
         refs["noise_floor"] = noise_floor
     loaded = {role: _load_config(ref) for role, ref in refs.items()}
     depth = check_same_depth(refs, {role: cfg for role, (_, cfg) in loaded.items()})
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DetourError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
     samples = [sample_texts(texts, n, seed, lang=lang, text_field=text_field) for seed in range(seeds)]
     encoders = {role: _load_encoder(path, refs[role]) for role, (path, _) in loaded.items()}
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
     per_seed = {"ab": [], "cb": []}  # per seed, a list of L+1 CKA values
     for seed, sample in enumerate(samples):
