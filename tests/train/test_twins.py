@@ -34,6 +34,8 @@ def test_twins_same_stream_and_loadable_exports(tiny_recipe, tmp_path):
         with torch.no_grad():
             assert torch.isfinite(model(**tok("a test", return_tensors="pt")).logits).all()
     assert report["end_of_decay_mlm_loss"]["detour"] > 0 and report["end_of_decay_mlm_loss"]["baseline"] > 0
+    assert report["synthetic_data"] is True
+    assert "SYNTHETIC" in (tmp_path / "detour" / "model" / "README.md").read_text()
 
 
 def test_dry_run_prints_plan(synthetic_data, capsys):

@@ -231,6 +231,9 @@ def _export(model, tokenizer, recipe: Recipe, state: dict, folder: Path) -> Path
     card = {"base_model": recipe.model.source or f"built from config ({recipe.model.config.get('model_type')})",
             "recipe": recipe_to_dict(recipe), "phases": phases,
             "data": [_describe_source(s.path, s.weight) for s in recipe.data.sources]}
+    if any(d.get("synthetic") for d in card["data"]):
+        card["notes"] = ("Trained (in part) on SYNTHETIC text from detour's embedded generator: a test of the "
+                         "engine, not a result, and not a model to use.")
     model.eval()
     return export_hf(model, tokenizer, folder, card)
 
@@ -240,7 +243,7 @@ def _describe_source(path: str, weight) -> dict:
     info: dict[str, Any] = {"path": path, "weight": weight}
     if manifest.is_file():
         m = json.loads(manifest.read_text())
-        info.update({k: m.get(k) for k in ("documents", "tokens", "tokenizer")})
+        info.update({k: m.get(k) for k in ("documents", "tokens", "tokenizer", "synthetic")})
         info["sources"] = [s.get("name") or s.get("path") for s in m.get("sources", [])]
     return info
 
@@ -258,7 +261,8 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
         phases[p.name] = {"objective": r["objective"], "mask_rate": r["mask_rate"], "tokens": r["tokens"],
                           "budget": r["budget"], "stream_hash": r["stream_hash"],
                           "final_loss": _final_loss(r), "last_loss": r["recent_losses"][-1]}
-    return {"recipe": recipe.name, "model": str(final), "global_steps": state["global_step"],
+    synthetic = any(_describe_source(s.path, s.weight).get("synthetic") for s in recipe.data.sources)
+    return {"recipe": recipe.name, "model": str(final), "synthetic_data": synthetic, "global_steps": state["global_step"],
             "global_tokens": state["global_tokens"], "phases": phases}
 
 

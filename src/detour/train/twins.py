@@ -31,6 +31,7 @@ def compare_arms(detour: dict, baseline: dict) -> dict:
     same_stream = all(detour["phases"][p]["stream_hash"] == baseline["phases"][p]["stream_hash"] for p in phases)
     last = phases[-1]
     return {
+        "synthetic_data": bool(detour.get("synthetic_data")),
         "arms": {"detour": detour, "baseline": baseline},
         "checks": {"tokens_equal": same_tokens, "stream_hashes_equal": same_stream},
         "end_of_decay_mlm_loss": {"phase": last, "detour": detour["phases"][last]["final_loss"],
@@ -79,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         losses = ", ".join(f"{p} {v['objective']} {v['final_loss']:.4f}" for p, v in summary["phases"].items())
         print(f"{arm:9s} {losses}")
     print(f"checks: {report['checks']}")
+    if report["synthetic_data"]:
+        print("note: trained on SYNTHETIC text (embedded generator): an engine test, not a result")
     print(f"MLM loss at the end of the decay: detour {report['end_of_decay_mlm_loss']['detour']:.4f}, "
           f"baseline {report['end_of_decay_mlm_loss']['baseline']:.4f}")
     if not all(report["checks"].values()):
