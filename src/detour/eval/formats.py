@@ -312,7 +312,7 @@ def read_hf(path, spec: TaskSpec, split: str = "") -> list[dict]:
     import datasets
 
     opts = spec.options
-    hf_split = opts.get("hf_split", {}).get(split, split) if isinstance(opts.get("hf_split"), dict) else split
+    hf_split = (opts.get("hf_split") or {}).get(split, split)
     local = Path(str(path))
     try:
         if local.exists():
