@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Span head (nested NER, all entities) next to the flat IOB2 tagger (outermost entities only) on
 # the same reduced budget, MiniLM, one seed. Writes runs/nested-vs-flat/results.{json,md};
-# docs/nested-ner.md reports the figures. About 30 min on 2 busy CPU cores.
+# docs/nested-ner.md reports the figures. About an hour on 2 busy CPU cores (4 runs).
 #   bash scripts/nested_vs_flat.sh [MODEL]
 set -euo pipefail
 cd "$(dirname "$0")/.."
