@@ -22,7 +22,7 @@ ran 5 to 9) a plain bootstrap of a mean is anti-conservative, because the resamp
 (n-1)/n of the unbiased sample variance. Before resampling, each task's differences are spread
 about their mean by sqrt(n / (n-1)) (Davison & Hinkley's modified residuals), which restores the
 unbiased variance and leaves the observed statistic unchanged. On a synthetic null of 5 seeds x 4
-tasks the false-positive rate at alpha 0.05 measured about 0.06-0.10 with it, 0.09-0.12 without
+tasks the false-positive rate at alpha 0.05 measured about 0.06-0.10 with it, 0.09-0.13 without
 (tests/eval/test_significance.py checks the corrected rate).
 """
 
