@@ -286,7 +286,9 @@ def run(args) -> int:
         except ValueError as exc:
             raise DetourError(f"--lengths {args.lengths!r}: expected comma-separated integers") from exc
     preset = preset.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-    result = needle(args.model, preset, args.lang, args.haystack, args.out, args.seed, args.linear, args.device)
+    from detour.paths import resolve_model_ref
+
+    result = needle(resolve_model_ref(args.model), preset, args.lang, args.haystack, args.out, args.seed, args.linear, args.device)
     test = result["test"]
     print(f"needle probe ({result['config']['probe']}, {args.lang}, haystack {args.haystack}): "
           f"test accuracy {test['overall']['accuracy']:.3f} on {test['overall']['n']} pairs "

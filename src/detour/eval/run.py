@@ -63,6 +63,9 @@ def run(args) -> int:
         return 0
     if not args.models:
         raise DetourError("give at least one MODEL (an encoder folder or hub name)")
+    from detour.paths import resolve_model_ref
+
+    args.models = [resolve_model_ref(m) for m in args.models]  # aliases such as minilm-l6
     if args.seeds < 1:
         raise DetourError("--seeds must be >= 1")
     if args.threads:
