@@ -15,9 +15,7 @@ OUT/cka.png (atomically) and prints a table.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from pathlib import Path
 from detour.analysis.cka import layer_features, linear_cka
 from detour.analysis.texts import is_synthetic, sample_texts
 from detour.errors import DetourError
+from detour.io import atomic_write
 from detour.paths import resolve_model_ref
 
 SCHEMA = "detour.cka/1"
@@ -180,17 +179,6 @@ def cka_analysis(model_a: str, model_b: str, noise_floor: str | None = None, tex
 
 # ---- outputs ----
 
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -215,7 +203,7 @@ def plot(result: dict, path: Path) -> None:
                  + (" (synthetic texts)" if cfg["synthetic_texts"] else ""), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     plt.close(fig)
 
 
@@ -224,7 +212,7 @@ def write_outputs(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     plot(result, out / "cka.png")
     text = json.dumps(result, indent=2, allow_nan=False) + "\n"
-    _atomic(out / "cka.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write(out / "cka.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def _d(value: float) -> str:

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import random
-import tempfile
 import time
 from importlib import resources
 from pathlib import Path
@@ -39,6 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from detour.errors import DetourError
+from detour.io import atomic_write
 from detour.eval.needle_haystack import Haystacks, Pair, make_pairs, read_haystack
 from detour.eval.needle_templates import TEMPLATES
 
@@ -174,17 +173,6 @@ def accuracy_table(pairs: list[Pair], pred: np.ndarray, idx: list[int]) -> dict:
 
 # ---- outputs ----
 
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -209,7 +197,7 @@ def plot(result: dict, path: Path) -> None:
                  f"overall {test['overall']['accuracy']:.3f}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     plt.close(fig)
 
 
@@ -257,7 +245,7 @@ def needle(model_path: str, preset: Preset, lang: str, haystack: str, out: Path,
     }
     out.mkdir(parents=True, exist_ok=True)
     plot(result, out / "needle.png")
-    _atomic(out / "needle.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=2), encoding="utf-8"))
+    atomic_write(out / "needle.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=2), encoding="utf-8"))
     return result
 
 

@@ -12,27 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from detour.errors import DetourError
+from detour.io import write_text
 
 SCHEMA = "detour.eval/1"
-
-
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class Results:
@@ -83,8 +70,8 @@ class Results:
     def write(self) -> None:
         summary = self.summary()
         data = {"schema": SCHEMA, "config": self.config, "runs": self.runs, "summary": summary}
-        atomic_write(self.out / "results.json", json.dumps(data, indent=1) + "\n")
-        atomic_write(self.out / "results.md", markdown_table(summary, self.config, self.runs))
+        write_text(self.out / "results.json", json.dumps(data, indent=1) + "\n")
+        write_text(self.out / "results.md", markdown_table(summary, self.config, self.runs))
 
 
 def _stats(values: list[float]) -> dict:

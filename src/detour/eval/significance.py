@@ -29,13 +29,12 @@ tasks the false-positive rate at alpha 0.05 measured about 0.06-0.10 with it, 0.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from detour import io
 from detour.errors import DetourError
 
 SCHEMA = "detour.eval/1"
@@ -242,12 +241,7 @@ def print_comparison(result: Comparison) -> None:
 
 
 def write_json(result: Comparison, out: Path) -> None:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(result.to_dict(), fh, indent=2)
-    os.replace(tmp, out)
+    io.write_json(out, result.to_dict())
 
 
 def add_arguments(parser) -> None:

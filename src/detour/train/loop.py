@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import signal
 import time
 from contextlib import contextmanager, nullcontext
@@ -28,6 +27,7 @@ import transformers
 from detour.config import PhaseSpec, Recipe, recipe_to_dict
 from detour.data.packing import PackedStream, collate, validate_seq_len
 from detour.errors import DetourError
+from detour.io import write_json
 from detour.train.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
 from detour.train.distributed import World, init_world, shutdown_world
 from detour.train.metrics import MetricsLog, Progress
@@ -132,7 +132,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     if world.main:
         final = _export(model, tokenizer, recipe, state, out / "model")
         summary = _summary(recipe, state, final)
-        _write_json(out / "summary.json", summary)
+        write_json(out / "summary.json", summary)
     world.barrier()
     shutdown_world(world)
     return TrainResult(out, summary)
@@ -266,12 +266,6 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
             "global_tokens": state["global_tokens"], "phases": phases}
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
-
-
 def _check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
     """Refuse to overwrite a run that has checkpoints, or to resume one with another recipe."""
     saved = out / "recipe.json"
@@ -289,7 +283,7 @@ def _start_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not resume or latest_checkpoint(out / "checkpoints") is None:
         (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh start: no stale records
-    _write_json(out / "recipe.json", recipe_to_dict(recipe))
+    write_json(out / "recipe.json", recipe_to_dict(recipe))
 
 
 class _StopFlag:

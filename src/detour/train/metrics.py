@@ -9,9 +9,9 @@ One JSON record per optimizer step: phase, objective, step (within the phase), g
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from detour.io import write_text
 from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
@@ -38,9 +38,7 @@ class MetricsLog:
                 continue
             if record.get("global_step", 0) <= global_step:
                 kept.append(line)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_text(self.path, "".join(line + "\n" for line in kept))
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from detour.config import baseline_of, load_recipe
 from detour.errors import DetourError
+from detour.io import write_json
 from detour.train.run import add_common_arguments, print_plan
 
 
@@ -54,9 +54,7 @@ def run_twins(recipe, out: Path, resume: bool = False, progress: bool = True) ->
     if not summaries["detour"]:  # not the main process under torchrun: rank 0 writes the report
         return {}
     report = compare_arms(summaries["detour"], summaries["baseline"])
-    tmp = out / f".twins.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, out / "twins.json")
+    write_json(out / "twins.json", report)
     return report
 
 

@@ -1,0 +1,38 @@
+"""Atomic file writes: a reader (or a rerun after a crash) never sees a half-written output.
+
+    python -c "from detour.io import write_json; write_json('/tmp/x.json', {'ok': True})"
+
+Each write goes to a hidden temporary file beside the target, then `os.replace` renames it into
+place (atomic on POSIX); on any error the temporary file is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: str | Path, write: Callable[[str], Any]) -> None:
+    """Call `write(tmp_path)` to produce the file, then rename it onto `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def write_json(path: str | Path, obj: Any, indent: int = 2) -> None:
+    write_text(path, json.dumps(obj, indent=indent) + "\n")
