@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from detour.errors import DetourError
+from detour.io import read_yaml_mapping
 
 _SUFFIX = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "m": 10**6, "B": 10**9, "b": 10**9, "G": 10**9, "T": 10**12}
 
@@ -299,12 +300,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     path = Path(path)
     if not path.is_file():
         raise DetourError(f"recipe not found: {path}")
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise DetourError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(tree, dict):
-        raise DetourError(f"{path}: a recipe is a YAML mapping, got {type(tree).__name__}")
+    tree = read_yaml_mapping(path, "recipe")
     return recipe_from_dict(apply_overrides(tree, overrides or []), str(path))
 
 

@@ -36,3 +36,21 @@ def write_text(path: str | Path, text: str) -> None:
 
 def write_json(path: str | Path, obj: Any, indent: int = 2) -> None:
     write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def read_yaml_mapping(path: str | Path, what: str) -> dict:
+    """A YAML file whose top level must be a mapping (a recipe, a task spec, a data spec)."""
+    import yaml
+
+    from detour.errors import DetourError
+
+    path = Path(path)
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DetourError(f"{path}: cannot read {what} ({exc.strerror})") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise DetourError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise DetourError(f"{path}: a {what} must be a YAML mapping, got {type(tree).__name__}")
+    return tree

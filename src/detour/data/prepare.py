@@ -40,6 +40,7 @@ from detour.data import tokenize
 from detour.data.shards import CORPUS_FORMAT, ShardWriter, token_dtype, write_json
 from detour.data.sources import Source, iter_texts, parse_source
 from detour.errors import DetourError
+from detour.io import read_yaml_mapping
 
 BATCH_DOCS = 256
 
@@ -70,15 +71,8 @@ def _sources_from_args(args) -> tuple[list[tuple[Source, str | None]], str | Non
     out = [(parse_source(a, args.text_field, args.blank_line_docs), None) for a in args.sources]
     spec_tokenizer = None
     if args.spec:
-        import yaml
-
-        try:
-            spec = yaml.safe_load(Path(args.spec).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise DetourError(f"{args.spec}: cannot read data spec ({exc.strerror})") from None
-        except yaml.YAMLError as exc:
-            raise DetourError(f"{args.spec}: invalid YAML ({exc})") from None
-        if not isinstance(spec, dict) or not isinstance(spec.get("sources"), list):
+        spec = read_yaml_mapping(args.spec, "data spec")
+        if not isinstance(spec.get("sources"), list):
             raise DetourError(f"{args.spec}: expected a mapping with a `sources:` list")
         unknown = set(spec) - {"sources", "tokenizer"}
         if unknown:

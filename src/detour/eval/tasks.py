@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from detour.errors import DetourError
+from detour.io import read_yaml_mapping
 
 # Modules whose import registers formats and task types. Add a plugin by adding its module here.
 PLUGIN_MODULES: list[str] = [
@@ -167,12 +167,7 @@ def load_spec(name_or_path: str | Path, data_root: str | Path | None = None) -> 
         raise DetourError(
             f"no task {str(name_or_path)!r}: not a spec file and not a shipped task ({', '.join(shipped_tasks())})"
         )
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise DetourError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise DetourError(f"{path}: a task spec must be a YAML mapping")
+    raw = read_yaml_mapping(path, "task spec")
     raw.setdefault("source", str(path))
     raw["root"] = str(default_data_root(str(data_root) if data_root else None))
     try:
