@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -86,19 +85,10 @@ def _minilm() -> Path:
 
 def machine_info() -> dict:
     import torch
-    import transformers
+    from bench_data import machine_info as common  # same machine description as the data benchmark
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or torch.get_num_threads()}
+    threads = int(os.environ.get("OMP_NUM_THREADS", "0")) or torch.get_num_threads()
+    return {**common(), "threads": threads}
 
 
 def main() -> None:

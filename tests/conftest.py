@@ -61,15 +61,12 @@ def tiny_modernbert_config(vocab_size: int = 30522, **overrides):
     """A ModernBERT small enough to train in seconds on CPU, with global and sliding layers."""
     from transformers import ModernBertConfig
 
-    kwargs = dict(
+    from detour.model.load import tiny_modernbert_config as architecture
+
+    kwargs = architecture()
+    kwargs.pop("model_type")
+    kwargs.update(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        max_position_embeddings=512,
-        global_attn_every_n_layers=3,
-        local_attention=8,
         pad_token_id=0,
         cls_token_id=101,
         sep_token_id=102,
