@@ -173,12 +173,35 @@ class PhaseSpec(_Strict):
 
 class CheckpointSpec(_Strict):
     every_tokens: int | None = Field(None, description="periodic checkpoint interval (and always at phase end)")
-    keep_last: int = Field(2, ge=1)
+    keep_last: int = Field(2, ge=1, description="periodic checkpoints kept; phase-end ones are kept apart")
+    keep_phase_ends: bool = Field(True, description="never prune a phase-end checkpoint (branches start there)")
+    export_every_tokens: int | list[int] | None = Field(
+        None, description="Hugging Face exports during a phase: every N phase tokens, or at listed phase token counts")
+    export_phases: list[str] | None = Field(None, description="phases that get the exports above (default: all)")
 
     @field_validator("every_tokens", mode="before")
     @classmethod
     def _tokens(cls, v):
         return None if v is None else parse_tokens(v)
+
+    @field_validator("export_every_tokens", mode="before")
+    @classmethod
+    def _export_tokens(cls, v):
+        if v is None:
+            return None
+        if isinstance(v, (list, tuple)):
+            points = sorted({parse_tokens(x) for x in v})
+            if not points:
+                raise ValueError("give at least one token count, or leave export_every_tokens out")
+            return points
+        return parse_tokens(v)
+
+
+class BranchSpec(_Strict):
+    """Start from another run's checkpoint at the end of one of its phases (`--from`, `--after-phase`)."""
+
+    run: str = Field(description="the parent run folder (holds recipe.json and checkpoints/)")
+    after_phase: str = Field(description="the parent's phase whose end checkpoint this run starts from")
 
 
 class Recipe(_Strict):
@@ -193,13 +216,26 @@ class Recipe(_Strict):
     baseline_mask_rate: float = Field(0.30, gt=0, lt=1, description="Phase-1 mask rate of the MLM twin")
     clm_chunk_size: int = Field(1024, gt=0, description="rows per chunk of the fused CLM head + loss")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    branch: BranchSpec | None = Field(None, description="start from a parent run's phase-end checkpoint")
 
     @model_validator(mode="after")
     def _unique_phase_names(self):
         names = [p.name for p in self.phases]
         if len(set(names)) != len(names):
             raise ValueError(f"phases: names must be unique, got {names}")
+        unknown = sorted(set(self.checkpoint.export_phases or ()) - set(names))
+        if unknown:
+            raise ValueError(f"checkpoint.export_phases: {unknown} are not phases of this recipe ({names})")
+        if self.branch is not None:
+            if self.branch.after_phase not in names:
+                raise ValueError(f"branch.after_phase: {self.branch.after_phase!r} is not a phase of this recipe ({names})")
+            if self.branch.after_phase == names[-1]:
+                raise ValueError(f"branch.after_phase: {self.branch.after_phase!r} is the last phase; a branch "
+                                 "needs at least one phase of its own after it")
         return self
+
+    def phase_index(self, name: str) -> int:
+        return [p.name for p in self.phases].index(name)
 
     # -- derived sizes ---------------------------------------------------------------------
     def sequences_per_step(self) -> int:

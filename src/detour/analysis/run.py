@@ -1,4 +1,4 @@
-"""`detour analyze`: analyses of two encoders; `cka` is per-layer linear CKA (the others are not built).
+"""`detour analyze`: analyses between encoders; this module holds `cka` (per-layer linear CKA) and the dispatch.
 
     detour analyze cka runs/twins/detour/model runs/twins/baseline/model \
         --noise-floor runs/twins-seed2/baseline/model --texts synthetic --n 500 --seeds 3 --out runs/cka
@@ -21,84 +21,12 @@ from pathlib import Path
 
 
 from detour.analysis.cka import layer_features, linear_cka
+from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, load_encoder
 from detour.analysis.texts import is_synthetic, sample_texts
 from detour.errors import DetourError
 from detour.io import atomic_write
-from detour.paths import resolve_model_ref
 
 SCHEMA = "detour.cka/1"
-
-
-# ---- models ----
-
-def _load_config(ref: str):
-    from transformers import AutoConfig
-
-    path = resolve_model_ref(ref)
-    if not Path(path).exists() and (Path(path).is_absolute() or path.startswith((".", "~"))):
-        raise DetourError(f"model {ref}: no such folder")
-    try:
-        return path, AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        where = "a folder without a usable config.json" if Path(path).is_dir() else "not a folder here, nor a hub model"
-        raise DetourError(f"model {ref}: {where} ({exc})") from exc
-
-
-def _load_encoder(path: str, ref: str):
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    # An MLM checkpoint loaded as its bare encoder makes transformers list the unused head weights;
-    # dropping the head is what we want here.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModel.from_pretrained(path, dtype=torch.float32)
-    except (OSError, ValueError) as exc:
-        raise DetourError(f"model {ref}: cannot load a tokenizer and encoder from {path} ({exc})") from exc
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
-    return model.eval().requires_grad_(False), tokenizer
-
-
-def check_same_depth(refs: dict[str, str], configs: dict) -> int:
-    """The shared number of transformer layers; DetourError if the models differ."""
-    depths = {role: getattr(cfg, "num_hidden_layers", None) for role, cfg in configs.items()}
-    for role, depth in depths.items():
-        if not isinstance(depth, int):
-            raise DetourError(f"{role} {refs[role]}: config has no num_hidden_layers; is it a text encoder?")
-    if len(set(depths.values())) > 1:
-        listed = ", ".join(f"{role} {refs[role]} has {d}" for role, d in depths.items())
-        raise DetourError(f"layer counts differ ({listed}): per-layer CKA compares layer i of one model with "
-                          "layer i of the other, so the models must have the same number of layers")
-    return next(iter(depths.values()))
-
-
-def check_same_tokenizer(refs: dict[str, str], tokenizers: dict, probe: list[str], max_length: int) -> None:
-    """Every tokenizer has model A's vocabulary and splits the probe texts into the same ids."""
-    ref_role = next(iter(tokenizers))
-    vocab = tokenizers[ref_role].get_vocab()
-    ids = tokenizers[ref_role](probe, truncation=True, max_length=max_length)["input_ids"]
-    for role, tok in tokenizers.items():
-        if role == ref_role:
-            continue
-        other = tok.get_vocab()
-        if other != vocab:
-            only_a = sorted(set(vocab) - set(other))[:3]
-            only_b = sorted(set(other) - set(vocab))[:3]
-            moved = sorted(t for t in set(vocab) & set(other) if vocab[t] != other[t])[:3]
-            raise DetourError(
-                f"tokenizers differ: {ref_role} {refs[ref_role]} has {len(vocab)} tokens, {role} {refs[role]} "
-                f"has {len(other)} (only in the first: {only_a}, only in the second: {only_b}, other ids: {moved}); "
-                "both models must share one tokenizer so that they read the same tokens")
-        if tok(probe, truncation=True, max_length=max_length)["input_ids"] != ids:
-            raise DetourError(f"tokenizers of {ref_role} {refs[ref_role]} and {role} {refs[role]} share a vocabulary "
-                              "but split the texts differently (normalisation, lowercasing?); both models must "
-                              "share one tokenizer")
 
 
 # ---- the analysis ----
@@ -122,13 +50,13 @@ def cka_analysis(model_a: str, model_b: str, noise_floor: str | None = None, tex
     refs = {"model_a": model_a, "model_b": model_b}
     if noise_floor is not None:
         refs["noise_floor"] = noise_floor
-    loaded = {role: _load_config(ref) for role, ref in refs.items()}
+    loaded = {role: load_config(ref) for role, ref in refs.items()}
     depth = check_same_depth(refs, {role: cfg for role, (_, cfg) in loaded.items()})
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DetourError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
     samples = [sample_texts(texts, n, seed, lang=lang, text_field=text_field) for seed in range(seeds)]
-    encoders = {role: _load_encoder(path, refs[role]) for role, (path, _) in loaded.items()}
+    encoders = {role: load_encoder(path, refs[role]) for role, (path, _) in loaded.items()}
 
     per_seed = {"ab": [], "cb": []}  # per seed, a list of L+1 CKA values
     for seed, sample in enumerate(samples):
@@ -247,11 +175,34 @@ def print_table(result: dict) -> None:
 
 # ---- the verb ----
 
+# Analyses other than CKA live in their own modules, each with HELP, add_arguments(parser) and run(args).
+OTHER_ANALYSES = {
+    "trajectory": "detour.analysis.trajectory",
+    "transplant": "detour.analysis.transplant",
+    "drift": "detour.analysis.drift",
+}
+
+
+def _other_modules() -> dict:
+    import importlib
+
+    found = {}
+    for name, module_name in OTHER_ANALYSES.items():
+        try:
+            found[name] = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+    return found
+
+
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
-    p = sub.add_parser("cka", help="per-layer linear CKA between two encoders (freeze and transplant analyses "
-                                   "are not built yet)",
+    p = sub.add_parser("cka", help="per-layer linear CKA between two encoders, with a seed-noise floor",
                        description="Per-layer linear CKA between two encoders that share a tokenizer and depth.")
+    for name, module in _other_modules().items():
+        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.__doc__.split("\n\n")[0],
+                                            formatter_class=__import__("argparse").RawDescriptionHelpFormatter))
     p.add_argument("model_a", help="first encoder (the detour): a folder, a hub name, or the alias minilm-l6")
     p.add_argument("model_b", help="second encoder (the MLM baseline)")
     p.add_argument("--noise-floor", metavar="MODEL_C",
@@ -270,8 +221,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    if args.analysis != "cka":  # argparse only offers built analyses; this guards a future one
-        raise DetourError(f"analysis {args.analysis!r} is not built yet")
+    if args.analysis != "cka":
+        return _other_modules()[args.analysis].run(args)
     result = cka_analysis(args.model_a, args.model_b, args.noise_floor, args.texts, args.n, args.seeds,
                           args.max_length, args.batch_size, args.lang, args.text_field, args.device)
     write_outputs(result, args.out)

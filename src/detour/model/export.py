@@ -99,9 +99,18 @@ def export_hf(model, tokenizer, out_dir: str | Path, card: dict) -> Path:
         (tmp / "README.md").write_text(_card(card, model), encoding="utf-8")
         _check_config(tmp / "config.json")
         if out_dir.exists():
+            # Exports taken during a phase live inside the phase's folder (export/decay/4096/):
+            # they move into the new folder rather than leave with the old one.
+            for sub in sorted(out_dir.iterdir()):
+                if sub.is_dir() and sub.name.isdigit():
+                    os.replace(sub, tmp / sub.name)
             os.replace(out_dir, old)
         os.replace(tmp, out_dir)
     except BaseException:
+        if out_dir.is_dir() and tmp.is_dir():  # failed before the swap: the sub-exports go back first
+            for sub in tmp.iterdir():
+                if sub.is_dir() and sub.name.isdigit():
+                    os.replace(sub, out_dir / sub.name)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:

@@ -12,6 +12,10 @@ Every parameter has a layer (its encoder layer index, or None outside the layers
   head       the MLM head (transform, decoder bias)
 Names are those of `model.named_parameters()`, where a tied decoder weight appears once, as the
 input embeddings: freezing "embeddings" freezes the tied output projection too, "head" does not.
+
+Layer groups `low`, `mid` and `late` are the paper's 0-7 / 8-14 / 15-21 of ModernBERT-base's 22
+layers, mapped proportionally to the model's depth (boundaries at round(8/22 L) and round(15/22 L)):
+6 layers (MiniLM) give 0-1 / 2-3 / 4-5, 28 layers (ModernBERT-large) 0-9 / 10-18 / 19-27.
 """
 
 from __future__ import annotations
@@ -54,16 +58,43 @@ def parameter_table(model) -> dict[str, tuple[int | None, str]]:
     return table
 
 
+# The paper's groups on its 22-layer model: low 0-7, mid 8-14, late 15-21.
+_PAPER_DEPTH, _PAPER_BOUNDS = 22, (8, 15)
+GROUPS = ("low", "mid", "late")
+
+
+def layer_group_ranges(n_layers: int) -> dict[str, range]:
+    """`low`, `mid`, `late` for a model of `n_layers`, scaled from the paper's 22-layer split."""
+    if n_layers < 3:
+        raise DetourError(f"layer groups low/mid/late need at least 3 layers; this model has {n_layers}")
+    lo, hi = (max(1, round(b * n_layers / _PAPER_DEPTH)) for b in _PAPER_BOUNDS)
+    hi = min(max(hi, lo + 1), n_layers - 1)  # every group keeps at least one layer
+    return {"low": range(0, lo), "mid": range(lo, hi), "late": range(hi, n_layers)}
+
+
+def describe_groups(n_layers: int) -> str:
+    """'low 0-1, mid 2-3, late 4-5 (of 6 layers)', as runs print it."""
+    parts = [f"{name} {r.start}-{r.stop - 1}" if len(r) > 1 else f"{name} {r.start}"
+             for name, r in layer_group_ranges(n_layers).items()]
+    return f"{', '.join(parts)} (of {n_layers} layers)"
+
+
 def parse_layers(spec: str, n_layers: int) -> set[int]:
-    """ "0-7" or "0-3,8" -> {0, ..., 7} / {0, 1, 2, 3, 8}; DetourError when malformed or out of range."""
+    """ "0-7", "0-3,8", "low" or "low,mid" -> layer indices; DetourError when malformed or out of range.
+
+    `low`, `mid` and `late` are the depth-scaled groups of `layer_group_ranges`.
+    """
     chosen = set()
     for part in spec.split(","):
         part = part.strip()
+        if part in GROUPS:
+            chosen.update(layer_group_ranges(n_layers)[part])
+            continue
         try:
             lo, _, hi = part.partition("-")
             lo, hi = int(lo), int(hi) if hi else int(lo)
         except ValueError:
-            raise DetourError(f"freeze.layers: {spec!r} is not like '0-7' or '0-3,8'") from None
+            raise DetourError(f"freeze.layers: {spec!r} is not like '0-7', '0-3,8' or one of low, mid, late") from None
         if not 0 <= lo <= hi < n_layers:
             raise DetourError(f"freeze.layers: {part!r} is out of range for a model with {n_layers} layers (0-{n_layers - 1})")
         chosen.update(range(lo, hi + 1))

@@ -2,6 +2,9 @@
 
     ls runs/tiny/detour/checkpoints/    # step-00000040/ ... ; `detour train ... --resume` picks the latest
 
+The newest `checkpoint.keep_last` are kept, plus every phase-end checkpoint (a branch with
+`--from RUN --after-phase NAME` starts from one) unless `checkpoint.keep_phase_ends` is false.
+
 A checkpoint is written into a hidden temporary folder and renamed into place, so a folder named
 `step-*` is always complete: a crash or kill -9 mid-write leaves only a `.tmp-*` folder, which the
 next save or resume removes. Nothing is unpickled: tensors are read with `weights_only=True`.
@@ -39,8 +42,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def is_phase_end(state: dict[str, Any]) -> bool:
+    """A checkpoint taken at the end of a phase: the next phase has not consumed a token yet."""
+    return state.get("phase_index", 0) > 0 and state.get("phase_tokens", 0) == 0
+
+
 def save_checkpoint(root: Path, step: int, model, optimizer, generator: torch.Generator,
-                    state: dict[str, Any], keep_last: int, world: World | None = None) -> Path:
+                    state: dict[str, Any], keep_last: int, world: World | None = None,
+                    keep_phase_ends: bool = True) -> Path:
     """Save on every rank: the main rank writes weights, optimizer and state; each rank its RNG."""
     world = world or World()
     final = root / f"{PREFIX}{step:08d}"
@@ -67,16 +76,19 @@ def save_checkpoint(root: Path, step: int, model, optimizer, generator: torch.Ge
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
-        _prune(root, keep_last)
+        _prune(root, keep_last, keep_phase_ends)
     world.barrier()
     return final
 
 
-def _prune(root: Path, keep_last: int) -> None:
+def _prune(root: Path, keep_last: int, keep_phase_ends: bool = True) -> None:
+    """Keep the newest `keep_last` checkpoints, and every phase-end one (branches start from them)."""
     for stale in root.glob(f".tmp-{PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)
     complete = list_checkpoints(root)
     for old in complete[:-keep_last]:
+        if keep_phase_ends and is_phase_end(json.loads((old / "state.json").read_text())):
+            continue
         shutil.rmtree(old, ignore_errors=True)
 
 

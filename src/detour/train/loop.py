@@ -11,6 +11,7 @@ its MLM twin.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -28,6 +29,7 @@ from detour.config import PhaseSpec, Recipe, recipe_to_dict
 from detour.data.packing import PackedStream, collate, validate_seq_len
 from detour.errors import DetourError
 from detour.io import write_json
+from detour.train.branch import branch_start, parent_metrics, stream_continuity
 from detour.train.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
 from detour.train.distributed import World, init_world, shutdown_world
 from detour.train.metrics import MetricsLog, Progress
@@ -63,10 +65,14 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     device = select_device(recipe.device, world.local_rank)
     _check_divisible(recipe, world)
     _check_out_dir(out, recipe, resume)
+    branch_ckpt, branch = branch_start(recipe) if recipe.branch is not None else (None, None)
     torch.manual_seed(recipe.seed)  # identical initial weights on every rank
     model, tokenizer = build_model(recipe, device)
     check_data_matches_tokenizer(recipe, tokenizer)
     validate_seq_len(recipe.data.seq_len, model.config.max_position_embeddings)
+    groups = check_freezes(model, recipe)
+    if groups and progress and world.main:
+        print(f"layer groups: {groups}")
     stream = PackedStream.from_paths([(s.path, s.weight) for s in recipe.data.sources], seq_len=recipe.data.seq_len,
                                      seed=recipe.data.shuffle_seed, rank=world.rank, world_size=world.size)
     if world.main:
@@ -81,6 +87,12 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
         state = ckpt.state
         stream.load_state_dict(state["sampler"])
         log.truncate_after(state["global_step"])
+    elif branch is not None:  # a fresh branch: the parent's phase-end state is this run's start
+        restore_checkpoint(branch_ckpt, model, optimizer, generator, world)
+        state = copy.deepcopy(branch_ckpt.state)
+        state["branch"] = branch
+        stream.load_state_dict(state["sampler"])
+        log.write_many(parent_metrics(Path(recipe.branch.run), state["global_step"]))
     per_step = recipe.tokens_per_step()
 
     with _stop_on_signals() as stop, Progress(recipe, enabled=progress and world.main) as bar:
@@ -109,11 +121,14 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                 log.write({"phase": phase.name, "objective": phase.objective, "step": state["phase_step"],
                            "global_step": state["global_step"], "tokens": state["phase_tokens"], "loss": loss,
                            "lr": lr, "grad_norm": grad_norm, "tokens_per_s": n_tokens / elapsed,
-                           "padding_tokens": padding})
+                           "padding_tokens": padding, "stream_hash": record["stream_hash"]})
                 bar.advance(n_tokens, loss)
                 phase_done = state["phase_tokens"] == phase.tokens
-                if phase_done and world.main:  # export first: a crash before the checkpoint redoes the step
+                # Export first: a crash before the checkpoint redoes the step and rewrites the same export.
+                if phase_done and world.main:
                     _export(model, tokenizer, recipe, state, out / "export" / phase.name)
+                elif world.main and _export_due(recipe, phase, state["phase_tokens"] - n_tokens, state["phase_tokens"]):
+                    _export(model, tokenizer, recipe, state, out / "export" / phase.name / str(state["phase_tokens"]))
                 if phase_done:
                     state.update(phase_index=index + 1, phase_step=0, phase_tokens=0)
                 every = recipe.checkpoint.every_tokens
@@ -122,7 +137,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                 if phase_done or periodic or stopping:
                     state["sampler"] = stream.state_dict()
                     path = save_checkpoint(out / "checkpoints", state["global_step"], model, optimizer, generator,
-                                           state, recipe.checkpoint.keep_last, world)
+                                           state, recipe.checkpoint.keep_last, world, recipe.checkpoint.keep_phase_ends)
                     if stopping:
                         raise TrainingStopped(stop.signum or signal.SIGTERM, path)
                 if phase_done:
@@ -212,6 +227,34 @@ def _check_divisible(recipe: Recipe, world: World) -> None:
                               f"processes ({world.size}) so every rank's share of the last step is equal")
 
 
+def _export_due(recipe: Recipe, phase: PhaseSpec, before: int, after: int) -> bool:
+    """Whether this step crossed one of `checkpoint.export_every_tokens`'s points of the phase."""
+    spec = recipe.checkpoint
+    if spec.export_every_tokens is None or (spec.export_phases is not None and phase.name not in spec.export_phases):
+        return False
+    if isinstance(spec.export_every_tokens, int):
+        return before // spec.export_every_tokens != after // spec.export_every_tokens
+    return any(before < point <= after for point in spec.export_every_tokens)
+
+
+def check_freezes(model, recipe: Recipe) -> str | None:
+    """Validate every phase's freeze against the model before any step; the layer groups if named."""
+    from detour.model.freeze import GROUPS, describe_groups, frozen_parameter_names
+
+    named = False
+    for phase in recipe.phases:
+        if phase.freeze is None:
+            continue
+        try:
+            frozen_parameter_names(model, phase.freeze.layers, phase.freeze.components)
+        except DetourError as exc:
+            raise DetourError(f"phases: {phase.name}: {exc}") from None
+        named |= any(part.strip() in GROUPS for part in (phase.freeze.layers or "").split(","))
+    from detour.model.load import encoder_layers
+
+    return describe_groups(len(encoder_layers(model)[1])) if named else None
+
+
 def _apply_freeze(model, phase: PhaseSpec) -> None:
     from detour.model.freeze import frozen_parameter_names
 
@@ -262,8 +305,11 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
                           "budget": r["budget"], "stream_hash": r["stream_hash"],
                           "final_loss": _final_loss(r), "last_loss": r["recent_losses"][-1]}
     synthetic = any(_describe_source(s.path, s.weight).get("synthetic") for s in recipe.data.sources)
-    return {"recipe": recipe.name, "model": str(final), "synthetic_data": synthetic, "global_steps": state["global_step"],
-            "global_tokens": state["global_tokens"], "phases": phases}
+    summary = {"recipe": recipe.name, "model": str(final), "synthetic_data": synthetic,
+               "global_steps": state["global_step"], "global_tokens": state["global_tokens"], "phases": phases}
+    if state.get("branch"):
+        summary["branch"] = dict(state["branch"], stream_continues_parent=stream_continuity(state["branch"], phases))
+    return summary
 
 
 def _check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:

@@ -3,7 +3,9 @@
     tail -n 3 runs/tiny/detour/metrics.jsonl
 
 One JSON record per optimizer step: phase, objective, step (within the phase), global_step, tokens
-(cumulative within the phase), loss, lr, grad_norm, tokens_per_s, padding_tokens.
+(cumulative within the phase), loss, lr, grad_norm, tokens_per_s, padding_tokens, stream_hash (the
+phase's chained hash of every token id consumed so far, as summary.json reports it at the phase end).
+A branch (`--from`) starts with a copy of its parent's records up to the branch point.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ class MetricsLog:
             return
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
+
+    def write_many(self, records: list[dict]) -> None:
+        if self.enabled and records:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in records)
 
     def truncate_after(self, global_step: int) -> None:
         """On resume, drop records of steps the checkpoint does not contain (they will be redone)."""

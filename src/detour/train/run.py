@@ -3,6 +3,8 @@
     detour train recipes/tiny-modernbert.yaml --out runs/tiny --dry-run
     detour train recipes/tiny-modernbert.yaml --out runs/tiny --set phases.0.tokens=100k
     detour train recipes/tiny-modernbert.yaml --out runs/tiny --resume   # after a crash or SIGTERM
+    detour train recipes/tiny-modernbert.yaml --out runs/tiny-decay4k --from runs/tiny --after-phase clm \
+        --set phases.1.tokens=4k                                          # a shorter decay, same Phase 1
 
 Exit status: 0 done; 2 bad input; 75 stopped by SIGTERM/SIGINT after saving a checkpoint (resumable).
 """
@@ -10,6 +12,7 @@ Exit status: 0 done; 2 bad input; 75 stopped by SIGTERM/SIGINT after saving a ch
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import yaml
@@ -17,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from detour.config import Recipe, load_recipe, recipe_to_dict
+from detour.errors import DetourError
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +31,19 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the resolved recipe and the plan, then exit")
     parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs still written)")
+    parser.add_argument("--from", dest="from_run", metavar="RUN_DIR",
+                        help="start from RUN_DIR's checkpoint at the end of --after-phase (weights, AdamW moments, "
+                             "sampler and RNG states carried); the recipe must match the parent's up to that phase")
+    parser.add_argument("--after-phase", metavar="PHASE", help="the parent's phase to branch after (with --from)")
+
+
+def branch_overrides(args: argparse.Namespace, run_dir: str | None = None) -> list[str]:
+    """`--from` / `--after-phase` as the recipe's `branch` field (JSON strings are YAML scalars)."""
+    if (args.from_run is None) != (args.after_phase is None):
+        raise DetourError("--from and --after-phase go together: --from RUN_DIR --after-phase PHASE")
+    if args.from_run is None:
+        return []
+    return [f"branch.run={json.dumps(run_dir or args.from_run)}", f"branch.after_phase={json.dumps(args.after_phase)}"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +70,7 @@ def print_plan(recipe: Recipe, title: str = "") -> None:
 def run(args: argparse.Namespace) -> int:
     from detour.train.loop import RESUMABLE_EXIT, TrainingStopped, train
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = load_recipe(args.recipe, args.overrides + branch_overrides(args))
     recipe.grad_accumulation()  # validates the batch arithmetic before any work
     if args.dry_run:
         print_plan(recipe)
@@ -68,4 +85,14 @@ def run(args: argparse.Namespace) -> int:
     for name, phase in result.summary["phases"].items():
         print(f"{name}: {phase['objective']} {phase['tokens']:,} tokens, final loss {phase['final_loss']:.4f}")
     print(f"model: {result.summary['model']}")
+    if "branch" in result.summary:
+        print(describe_branch(result.summary["branch"]))
     return 0
+
+
+def describe_branch(branch: dict) -> str:
+    checks = ", ".join(f"{name} {'carried' if c['carried'] else 'continued'}: "
+                       f"{'equal' if c['equal'] else 'n/a' if c['equal'] is None else 'DIFFERENT'}"
+                       for name, c in branch["stream_continues_parent"].items())
+    return f"branched from {branch['parent']} after {branch['after_phase']} (step {branch['global_step']}); " \
+           f"stream vs parent: {checks}"
