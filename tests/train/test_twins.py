@@ -45,3 +45,86 @@ def test_dry_run_prints_plan(synthetic_data, capsys):
     assert detour(args) == 0
     out = capsys.readouterr().out
     assert "MLM baseline arm" in out and "1,300" in out and "last_step_tokens" in out
+
+
+def test_study_arms_freeze_branch_and_share_the_stream(tiny_recipe, tmp_path, capsys):
+    """Freeze arms, a decay-length arm and a second-seed baseline, with exports along the decay."""
+    from safetensors.torch import load_file
+
+    from detour.model.freeze import frozen_parameter_names
+    from detour.train.setup import build_model, select_device
+
+    sets = ["checkpoint.export_every_tokens=256", "checkpoint.export_phases=[decay]"]
+    recipe = tiny_recipe(*sets)
+    args = ["twins", str(RECIPES / "tiny-modernbert.yaml"), "--out", str(tmp_path), "--no-progress",
+            "--freeze", "low@clm", "--freeze", "low@decay", "--arm", "decay-short", "phases.1.tokens=512",
+            "--baseline-arm", "baseline-seed2", "seed=18"]
+    for s in [f"data.sources=[{recipe.data.sources[0].path}]", *TINY, *sets]:
+        args += ["--set", s]
+    assert detour(args) == 0
+    printed = capsys.readouterr().out
+    assert "layer groups: low 0, mid 1, late 2 (of 3 layers)" in printed
+    assert f"branched from {tmp_path / 'detour'} after clm" in printed
+    report = json.loads((tmp_path / "twins.json").read_text())
+    assert list(report["arms"]) == ["detour", "baseline", "freeze-low-clm", "freeze-low-decay", "decay-short",
+                                    "baseline-seed2"]
+    assert report["checks"] == {"tokens_equal": True, "stream_hashes_equal": True}
+    assert report["layer_groups"] == "low 0, mid 1, late 2 (of 3 layers)"
+    vs = report["stream_vs_detour"]
+    for arm in ("baseline", "freeze-low-clm", "freeze-low-decay", "baseline-seed2"):
+        assert vs[arm] == {"clm": "equal", "decay": "equal"}, arm
+    assert vs["decay-short"] == {"clm": "equal", "decay": "budget differs"}
+    # arms that share Phase 1 with the detour branch from its checkpoint; the others start from scratch
+    arms_out = report["arms"]
+    assert arms_out["freeze-low-decay"]["branch"]["parent"] == str(tmp_path / "detour")
+    assert arms_out["decay-short"]["branch"]["stream_continues_parent"]["decay"]["equal"] is True
+    assert "branch" not in arms_out["freeze-low-clm"] and "branch" not in arms_out["baseline-seed2"]
+
+    # freeze low during clm: layer 0 is bit-identical to the initial weights through Phase 1
+    torch.manual_seed(recipe.seed)
+    initial, _ = build_model(recipe, select_device("cpu"))
+    frozen = frozen_parameter_names(initial, "low", None)
+    assert frozen and all(n.startswith("model.layers.0.") for n in frozen)
+    after_clm = load_file(str(tmp_path / "freeze-low-clm" / "export" / "clm" / "model.safetensors"))
+    detour_clm = load_file(str(tmp_path / "detour" / "export" / "clm" / "model.safetensors"))
+    params = dict(initial.named_parameters())
+    assert all(torch.equal(after_clm[n], params[n].detach()) for n in frozen)
+    assert not all(torch.equal(detour_clm[n], params[n].detach()) for n in frozen)  # the detour moved them
+    others = [n for n in after_clm if n not in frozen and n in params]
+    assert any(not torch.equal(after_clm[n], params[n].detach()) for n in others)
+    # freeze low during the decay: layer 0 stays as the detour left it after clm
+    decayed = load_file(str(tmp_path / "freeze-low-decay" / "model" / "model.safetensors"))
+    assert all(torch.equal(decayed[n], detour_clm[n]) for n in frozen)
+
+    # exports along the decay: at 256 and 512 tokens, inside the phase's own export, stock-loadable,
+    # and the same weights as the checkpoint of that step
+    for arm in ("detour", "baseline"):
+        phase_dir = tmp_path / arm / "export" / "decay"
+        assert (phase_dir / "config.json").is_file()
+        assert sorted(p.name for p in phase_dir.iterdir() if p.is_dir()) == ["256", "512"]
+        AutoModelForMaskedLM.from_pretrained(phase_dir / "256")
+    assert not (tmp_path / "detour" / "export" / "clm" / "256").exists()  # export_phases: decay only
+    sub = load_file(str(tmp_path / "detour" / "export" / "decay" / "256" / "model.safetensors"))
+    ckpt = load_file(str(tmp_path / "detour" / "checkpoints" / "step-00000007" / "model.safetensors"))
+    shared = [k for k in sub if k in ckpt]
+    assert len(shared) > 10 and all(torch.equal(sub[k], ckpt[k]) for k in shared)
+
+
+def test_arm_errors_name_the_problem(tiny_recipe):
+    from detour.errors import DetourError
+    from detour.train.twins import build_arms
+
+    recipe = tiny_recipe()
+    for freezes, message in ((["low"], "expected LAYERS@PHASE"), (["low@warmup"], "no phase 'warmup'")):
+        try:
+            build_arms(recipe, freezes=freezes)
+        except DetourError as exc:
+            assert message in str(exc)
+        else:
+            raise AssertionError(freezes)
+    try:
+        build_arms(recipe, arms=[["baseline", "seed=3"]])
+    except DetourError as exc:
+        assert "must be new" in str(exc)
+    else:
+        raise AssertionError("duplicate arm name accepted")

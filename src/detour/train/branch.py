@@ -131,3 +131,19 @@ def stream_continuity(branch: dict, summary_phases: dict) -> dict[str, Any]:
             checks[name] = {"carried": False, "equal": at[-1]["stream_hash"] == phase["stream_hash"],
                             "parent_step": at[-1]["step"]}
     return checks
+
+
+def shared_prefix(recipe: Recipe, other: Recipe) -> int:
+    """How many leading phases `recipe` shares with `other` (0 when anything outside the phases differs).
+
+    A run that shares k phases with another can start from that run's checkpoint after phase k-1.
+    """
+    mine, theirs = recipe_to_dict(recipe), recipe_to_dict(other)
+    if any(mine.get(f) != theirs.get(f) for f in _SHARED_FIELDS) or mine.get("branch") != theirs.get("branch"):
+        return 0
+    k = 0
+    for a, b in zip(mine["phases"], theirs["phases"]):
+        if a != b:
+            break
+        k += 1
+    return k

@@ -1,11 +1,25 @@
-"""`detour twins`: the detour and its matched MLM baseline, on the identical token stream.
+"""`detour twins`: the detour and its matched MLM baseline on the identical token stream, plus study arms.
 
     detour twins recipes/tiny-modernbert.yaml --out runs/twins
+    detour twins recipes/tiny-modernbert.yaml --out runs/twins --freeze low@clm --freeze mid@clm --freeze low@decay
+    detour twins recipes/tiny-modernbert.yaml --out runs/twins --arm decay-4k phases.1.tokens=4k \
+        --baseline-arm baseline-seed2 seed=18
+    detour twins recipes/tiny-modernbert.yaml --out runs/twins-decay4k --from runs/twins --after-phase clm \
+        --set phases.1.tokens=4k
 
 Runs the recipe as written into OUT/detour/ and its twin (every CLM phase replaced by MLM at
 `baseline_mask_rate`, everything else identical: data, order, optimizer, schedule, budgets, seed)
-into OUT/baseline/, then writes OUT/twins.json: each arm's tokens, stream hash and final loss per
-phase, whether tokens and hashes match (they must), and both arms' MLM loss at the end of the decay.
+into OUT/baseline/. Extra arms are overrides of the detour's recipe (`--arm NAME KEY=VALUE...`,
+`--freeze GROUP@PHASE` for "freeze these layers during that phase", GROUP one of low, mid, late
+or a range such as 0-7) or of the baseline's (`--baseline-arm`, e.g. a second seed for the noise
+floor), each into OUT/NAME/. An arm that shares its first phases with the detour or the baseline
+is branched from that arm's checkpoint at the end of the shared phases instead of repeating them
+(a freeze-during-decay arm, a decay-length variant). OUT/twins.json holds each arm's tokens,
+stream hash and final loss per phase, whether every arm saw the same token stream wherever the
+budgets agree (they must), the layer groups, and the MLM loss at the end of the decay.
+
+With `--from TWINS_DIR --after-phase PHASE`, each of the detour and the baseline branches from the
+same arm of an earlier twins run: a decay-length sweep without repeating Phase 1.
 """
 
 from __future__ import annotations
@@ -15,60 +29,175 @@ import json
 import sys
 from pathlib import Path
 
-from detour.config import baseline_of, load_recipe
+from detour.config import Recipe, apply_overrides, baseline_of, load_recipe, recipe_from_dict, recipe_to_dict
 from detour.errors import DetourError
 from detour.io import write_json
-from detour.train.run import add_common_arguments, print_plan
+from detour.train.run import add_common_arguments, branch_overrides, describe_branch, print_plan
+
+MAIN_ARMS = ("detour", "baseline")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
+    parser.add_argument("--arm", nargs="+", action="append", default=[], metavar=("NAME", "KEY=VALUE"),
+                        help="an extra arm: the detour's recipe with these overrides, into OUT/NAME (repeatable)")
+    parser.add_argument("--baseline-arm", nargs="+", action="append", default=[], metavar=("NAME", "KEY=VALUE"),
+                        help="an extra arm from the baseline's recipe, e.g. baseline-seed2 seed=18 (repeatable)")
+    parser.add_argument("--freeze", action="append", default=[], metavar="LAYERS@PHASE",
+                        help="an extra arm freezing LAYERS (low, mid, late, or e.g. 0-7) during PHASE, "
+                             "named freeze-LAYERS-PHASE (repeatable)")
 
 
-def compare_arms(detour: dict, baseline: dict) -> dict:
-    phases = list(detour["phases"])
-    same_tokens = all(detour["phases"][p]["tokens"] == baseline["phases"][p]["tokens"] for p in phases)
-    same_stream = all(detour["phases"][p]["stream_hash"] == baseline["phases"][p]["stream_hash"] for p in phases)
+def _override_arm(base: Recipe, name: str, overrides: list[str]) -> Recipe:
+    tree = apply_overrides(recipe_to_dict(base), overrides)
+    tree["name"] = f"{base.name}-{name}"
+    return recipe_from_dict(tree, f"(arm {name})")
+
+
+def build_arms(recipe: Recipe, arms: list[list[str]] = (), baseline_arms: list[list[str]] = (),
+               freezes: list[str] = (), baseline_parent: str | None = None) -> dict[str, Recipe]:
+    """Arm name -> recipe: the detour, its MLM twin, then the extra arms in the order given.
+
+    When the detour branches from an earlier twins run, `baseline_parent` is that run's baseline,
+    which the baseline (and the arms made from it) branch from.
+    """
+    twin = baseline_of(recipe)
+    if baseline_parent is not None:
+        tree = recipe_to_dict(twin)
+        tree["branch"]["run"] = baseline_parent
+        twin = recipe_from_dict(tree, "(baseline twin)")
+    out = {"detour": recipe, "baseline": twin}
+
+    def add(name: str, recipe_: Recipe) -> None:
+        if name in out or not name or "/" in name or name.startswith("."):
+            raise DetourError(f"arm name {name!r}: must be new, non-empty, and usable as a folder name")
+        out[name] = recipe_
+
+    for spec in freezes:
+        layers, at, phase = spec.partition("@")
+        if not at or not layers or not phase:
+            raise DetourError(f"--freeze {spec!r}: expected LAYERS@PHASE, e.g. low@clm or 0-7@decay")
+        names = [p.name for p in recipe.phases]
+        if phase not in names:
+            raise DetourError(f"--freeze {spec!r}: no phase {phase!r} in the recipe (its phases: {names})")
+        add(f"freeze-{layers}-{phase}",
+            _override_arm(recipe, f"freeze-{layers}-{phase}", [f"phases.{names.index(phase)}.freeze.layers={layers}"]))
+    for base, specs in (("detour", arms), ("baseline", baseline_arms)):
+        for name, *overrides in specs:
+            if not overrides:
+                raise DetourError(f"arm {name}: give at least one KEY=VALUE override (or it is the {base} itself)")
+            add(name, _override_arm(out[base], name, overrides))
+    return out
+
+
+def _branch_point(name: str, arm: Recipe, done: dict[str, Recipe], out: Path) -> Recipe:
+    """The arm, branched from the earlier arm it shares the most leading phases with (if any)."""
+    from detour.train.branch import shared_prefix
+
+    if arm.branch is not None or name in MAIN_ARMS:
+        return arm
+    best, k = None, 0
+    for other_name, other in done.items():
+        shared = shared_prefix(arm, other)
+        if shared > k and other.checkpoint.keep_phase_ends:
+            best, k = other_name, shared
+    if best is None or k >= len(arm.phases):
+        return arm
+    tree = recipe_to_dict(arm)
+    tree["branch"] = {"run": str(out / best), "after_phase": arm.phases[k - 1].name}
+    return recipe_from_dict(tree, f"(arm {name})")
+
+
+def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
+    """Each arm against the detour: same tokens and the same stream wherever the phase budgets agree."""
+    ref = summaries["detour"]
+    phases = list(ref["phases"])
+    per_arm, tokens_equal, stream_equal = {}, True, True
+    for name, summary in summaries.items():
+        rows = {}
+        for p in phases:
+            mine, theirs = summary["phases"].get(p), ref["phases"][p]
+            if mine is None or mine["budget"] != theirs["budget"]:
+                rows[p] = "budget differs"
+                continue
+            same_tokens = mine["tokens"] == theirs["tokens"]
+            same_stream = mine["stream_hash"] == theirs["stream_hash"]
+            tokens_equal &= same_tokens
+            stream_equal &= same_stream
+            rows[p] = "equal" if same_tokens and same_stream else "DIFFERENT"
+        if "branch" in summary:
+            for p, c in summary["branch"]["stream_continues_parent"].items():
+                if c["equal"] is False:
+                    stream_equal = False
+                    rows[p] = "DIFFERENT from its parent's stream"
+        per_arm[name] = rows
     last = phases[-1]
     return {
-        "synthetic_data": bool(detour.get("synthetic_data")),
-        "arms": {"detour": detour, "baseline": baseline},
-        "checks": {"tokens_equal": same_tokens, "stream_hashes_equal": same_stream},
-        "end_of_decay_mlm_loss": {"phase": last, "detour": detour["phases"][last]["final_loss"],
-                                  "baseline": baseline["phases"][last]["final_loss"]},
+        "synthetic_data": bool(ref.get("synthetic_data")),
+        "layer_groups": groups,
+        "arms": summaries,
+        "checks": {"tokens_equal": tokens_equal, "stream_hashes_equal": stream_equal},
+        "stream_vs_detour": per_arm,
+        "end_of_decay_mlm_loss": {"phase": last, **{name: s["phases"][last]["final_loss"]
+                                                     for name, s in summaries.items() if last in s["phases"]}},
     }
 
 
-def run_twins(recipe, out: Path, resume: bool = False, progress: bool = True) -> dict:
+def run_twins(recipe: Recipe, out: Path, resume: bool = False, progress: bool = True,
+              arms: dict[str, Recipe] | None = None) -> dict:
     from detour.train.loop import train
 
-    arms = {"detour": recipe, "baseline": baseline_of(recipe)}
-    summaries = {}
+    arms = arms or build_arms(recipe)
+    summaries, done, groups = {}, {}, None
     for name, arm in arms.items():
+        arm = _branch_point(name, arm, done, out)
         folder = out / name
-        done = folder / "summary.json"
-        if resume and done.is_file():
-            summaries[name] = json.loads(done.read_text())
-            continue
-        summaries[name] = train(arm, folder, resume=resume, progress=progress).summary
+        finished = folder / "summary.json"
+        if resume and finished.is_file():
+            summaries[name] = json.loads(finished.read_text())
+        else:
+            result = train(arm, folder, resume=resume, progress=progress)
+            summaries[name] = result.summary
+        done[name] = arm
+        groups = groups or _groups_of(arm, folder)
     if not summaries["detour"]:  # not the main process under torchrun: rank 0 writes the report
         return {}
-    report = compare_arms(summaries["detour"], summaries["baseline"])
+    report = compare_arms(summaries, groups)
     write_json(out / "twins.json", report)
     return report
+
+
+def _groups_of(recipe: Recipe, folder: Path) -> str | None:
+    from detour.model.freeze import GROUPS, describe_groups
+
+    named = any(p.freeze and any(x.strip() in GROUPS for x in (p.freeze.layers or "").split(","))
+                for p in recipe.phases)
+    config = folder / "model" / "config.json"
+    if not named or not config.is_file():
+        return None
+    return describe_groups(json.loads(config.read_text())["num_hidden_layers"])
 
 
 def run(args: argparse.Namespace) -> int:
     from detour.train.loop import RESUMABLE_EXIT, TrainingStopped
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    parent, baseline_parent = None, None
+    if args.from_run is not None:
+        parent = Path(args.from_run)
+        missing = [a for a in MAIN_ARMS if not (parent / a / "recipe.json").is_file()]
+        if missing:
+            raise DetourError(f"--from {parent}: not a twins folder (no {' or '.join(missing)} run inside); "
+                              "`detour train --from` branches a single run")
+        baseline_parent = str(parent / "baseline")
+    recipe = load_recipe(args.recipe, args.overrides + branch_overrides(args, parent and str(parent / "detour")))
     recipe.grad_accumulation()
+    arms = build_arms(recipe, args.arm, args.baseline_arm, args.freeze, baseline_parent)
     if args.dry_run:
-        print_plan(recipe, "detour arm")
-        print_plan(baseline_of(recipe), "MLM baseline arm")
+        for name, arm in arms.items():
+            print_plan(arm, {"detour": "detour arm", "baseline": "MLM baseline arm"}.get(name, f"arm {name}"))
         return 0
     try:
-        report = run_twins(recipe, Path(args.out), resume=args.resume, progress=not args.no_progress)
+        report = run_twins(recipe, Path(args.out), resume=args.resume, progress=not args.no_progress, arms=arms)
     except TrainingStopped as stop:
         print(f"detour twins: {stop}", file=sys.stderr)
         return RESUMABLE_EXIT
@@ -77,11 +206,15 @@ def run(args: argparse.Namespace) -> int:
     for arm, summary in report["arms"].items():
         losses = ", ".join(f"{p} {v['objective']} {v['final_loss']:.4f}" for p, v in summary["phases"].items())
         print(f"{arm:9s} {losses}")
+        if "branch" in summary:
+            print(f"{'':9s} {describe_branch(summary['branch'])}")
+    if report["layer_groups"]:
+        print(f"layer groups: {report['layer_groups']}")
     print(f"checks: {report['checks']}")
     if report["synthetic_data"]:
         print("note: trained on SYNTHETIC text (embedded generator): an engine test, not a result")
-    print(f"MLM loss at the end of the decay: detour {report['end_of_decay_mlm_loss']['detour']:.4f}, "
-          f"baseline {report['end_of_decay_mlm_loss']['baseline']:.4f}")
+    losses = {k: v for k, v in report["end_of_decay_mlm_loss"].items() if k != "phase"}
+    print("MLM loss at the end of the decay: " + ", ".join(f"{k} {v:.4f}" for k, v in losses.items()))
     if not all(report["checks"].values()):
-        raise DetourError(f"the twins did not see the same token stream: {report['checks']} ({args.out}/twins.json)")
+        raise DetourError(f"the arms did not see the same token stream: {report['checks']} ({args.out}/twins.json)")
     return 0
