@@ -58,7 +58,7 @@ def check_same_depth(refs: dict[str, str], configs: dict) -> int:
             raise DetourError(f"{role} {refs[role]}: config has no num_hidden_layers; is it a text encoder?")
     if len(set(depths.values())) > 1:
         listed = ", ".join(f"{role} {refs[role]} has {d}" for role, d in depths.items())
-        raise DetourError(f"layer counts differ ({listed}): per-layer CKA compares layer i of one model with "
+        raise DetourError(f"layer counts differ ({listed}): per-layer analyses compare layer i of one model with "
                           "layer i of the other, so the models must have the same number of layers")
     return next(iter(depths.values()))
 
