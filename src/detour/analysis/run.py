@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import statistics
+from argparse import RawDescriptionHelpFormatter
 import time
 from pathlib import Path
 
 
 from detour.analysis.cka import layer_features, linear_cka
-from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, load_encoder
+from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, load_encoder, weights_hash
 from detour.analysis.texts import is_synthetic, sample_texts
 from detour.errors import DetourError
 from detour.io import atomic_write
@@ -91,6 +92,7 @@ def cka_analysis(model_a: str, model_b: str, noise_floor: str | None = None, tex
         "schema": SCHEMA,
         "config": {
             "model_a": model_a, "model_b": model_b, "noise_floor": noise_floor,
+            "weights_hash": {role: weights_hash(path) for role, (path, _) in loaded.items()},
             "texts": texts, "synthetic_texts": is_synthetic(texts), "lang": lang if is_synthetic(texts) else None,
             "n": n, "seeds": list(range(seeds)), "max_length": max_length, "batch_size": batch_size,
             "device": str(dev), "dtype": "float64",
@@ -201,8 +203,11 @@ def add_arguments(parser) -> None:
     p = sub.add_parser("cka", help="per-layer linear CKA between two encoders, with a seed-noise floor",
                        description="Per-layer linear CKA between two encoders that share a tokenizer and depth.")
     for name, module in _other_modules().items():
-        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.__doc__.split("\n\n")[0],
-                                            formatter_class=__import__("argparse").RawDescriptionHelpFormatter))
+        summary, _, rest = module.__doc__.partition("\n\n")
+        q = sub.add_parser(name, help=module.HELP, description=summary, formatter_class=RawDescriptionHelpFormatter)
+        module.add_arguments(q)
+        if q.epilog is None:  # the examples and the definitions, under --help
+            q.epilog = rest
     p.add_argument("model_a", help="first encoder (the detour): a folder, a hub name, or the alias minilm-l6")
     p.add_argument("model_b", help="second encoder (the MLM baseline)")
     p.add_argument("--noise-floor", metavar="MODEL_C",
