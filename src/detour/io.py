@@ -54,3 +54,24 @@ def read_yaml_mapping(path: str | Path, what: str) -> dict:
     if not isinstance(tree, dict):
         raise DetourError(f"{path}: a {what} must be a YAML mapping, got {type(tree).__name__}")
     return tree
+
+
+def ensure_output_dir(path: str | Path, flag: str = "--out") -> Path:
+    """Create (or accept) an output folder and prove it writable, before any compute.
+
+    A path that is a file, or a folder where nothing can be written, is an error naming the flag
+    and the path, so a long run never fails at its very end.
+    """
+    from detour.errors import DetourError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DetourError(f"{flag} {path}: exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise DetourError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+    return path
