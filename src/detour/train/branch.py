@@ -23,7 +23,7 @@ from typing import Any
 
 from detour.config import Recipe, recipe_to_dict
 from detour.errors import DetourError
-from detour.train.checkpoint import Checkpoint, is_phase_end, list_checkpoints
+from detour.train.checkpoint import Checkpoint, is_phase_end, list_checkpoints, read_state, verify_checkpoint
 
 # Recipe fields that determine the parent's state at the end of a phase.
 _SHARED_FIELDS = ("model", "data", "optimizer", "batch", "seed", "clm_chunk_size")
@@ -78,8 +78,11 @@ def check_matches_parent(recipe: Recipe, parent: dict, run: Path) -> int:
 
 def phase_end_checkpoint(run: Path, phase_index: int, phase_name: str) -> Checkpoint:
     for path in reversed(list_checkpoints(run / "checkpoints")):
-        state = json.loads((path / "state.json").read_text())
+        state = read_state(path)
         if is_phase_end(state) and state["phase_index"] == phase_index + 1:
+            problem = verify_checkpoint(path)
+            if problem:
+                raise DetourError(f"--from {run}: the checkpoint at the end of phase {phase_name!r} is corrupt: {problem}")
             return Checkpoint(path, state)
     raise DetourError(f"--from {run}: no checkpoint at the end of phase {phase_name!r} in {run / 'checkpoints'} "
                       "(the parent has not finished that phase, or its phase-end checkpoint was pruned: "

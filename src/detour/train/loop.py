@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import signal
+import sys
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from detour.data.packing import PackedStream, collate, validate_seq_len
 from detour.errors import DetourError
 from detour.io import write_json
 from detour.train.branch import branch_start, parent_metrics, stream_continuity
-from detour.train.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+from detour.train.checkpoint import checkpoint_folders, latest_checkpoint, restore_checkpoint, save_checkpoint
 from detour.train.distributed import World, init_world, shutdown_world
 from detour.train.metrics import MetricsLog, Progress
 from detour.train.schedule import lr_at
@@ -65,6 +66,11 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     device = select_device(recipe.device, world.local_rank)
     _check_divisible(recipe, world)
     _check_out_dir(out, recipe, resume)
+    # Verified before anything is built or written: a run whose checkpoints are all unusable stops here.
+    ckpt = latest_checkpoint(out / "checkpoints", warn=None if world.main else lambda _msg: None) if resume else None
+    if resume and ckpt is None and world.main:
+        print(f"detour: --resume: no checkpoint in {out / 'checkpoints'}; starting from the beginning",
+              file=sys.stderr)
     branch_ckpt, branch = branch_start(recipe) if recipe.branch is not None else (None, None)
     torch.manual_seed(recipe.seed)  # identical initial weights on every rank
     model, tokenizer = build_model(recipe, device)
@@ -82,7 +88,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     generator = torch.Generator().manual_seed(recipe.seed + world.rank)  # MLM masking draws, checkpointed
     state = fresh_state(world.size)
     log = MetricsLog(out / "metrics.jsonl", enabled=world.main)
-    if resume and (ckpt := latest_checkpoint(out / "checkpoints")) is not None:
+    if ckpt is not None:
         restore_checkpoint(ckpt, model, optimizer, generator, world)
         state = ckpt.state
         stream.load_state_dict(state["sampler"])
@@ -315,7 +321,7 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
 def _check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
     """Refuse to overwrite a run that has checkpoints, or to resume one with another recipe."""
     saved = out / "recipe.json"
-    if not (saved.is_file() and latest_checkpoint(out / "checkpoints") is not None):
+    if not (saved.is_file() and checkpoint_folders(out / "checkpoints")):
         return
     if not resume:
         raise DetourError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
@@ -327,7 +333,7 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
 def _start_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
     """Called once set-up succeeded, so a failed start leaves nothing behind that looks like a run."""
     out.mkdir(parents=True, exist_ok=True)
-    if not resume or latest_checkpoint(out / "checkpoints") is None:
+    if not resume or not checkpoint_folders(out / "checkpoints"):
         (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh start: no stale records
     write_json(out / "recipe.json", recipe_to_dict(recipe))
 
