@@ -11,7 +11,9 @@ gets a fresh head, tied, and we say so once in plain words.
 
 from __future__ import annotations
 
+
 import logging
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -88,6 +90,38 @@ def config_special_ids(config) -> list[int]:
     return sorted(int(i) for i in ids if isinstance(i, int) and i >= 0)
 
 
+# Read by model code from any config although a fresh config may not list them.
+_GENERIC_CONFIG_KEYS = {"is_decoder", "add_cross_attention", "tie_word_embeddings", "output_hidden_states",
+                        "output_attentions", "return_dict", "use_cache", "dtype", "torch_dtype", "architectures"}
+
+
+def check_config_keys(model_type: str, fields: dict, where: str = "model.config") -> None:
+    """Every key must be a field of the architecture's config class: a typo must not fall back to a default."""
+    import difflib
+    import inspect
+
+    from transformers import CONFIG_MAPPING, PretrainedConfig
+
+    cls = CONFIG_MAPPING[model_type]
+    default = cls()
+    known = set(default.to_dict()) | set(vars(default)) | set(getattr(cls, "attribute_map", {})) | _GENERIC_CONFIG_KEYS
+    for klass in cls.__mro__:
+        if not (isinstance(klass, type) and issubclass(klass, PretrainedConfig)):
+            continue
+        known |= set(inspect.signature(klass.__init__).parameters)
+        # Legacy keys are read from **kwargs (ModernBERT's global_attn_every_n_layers, global_rope_theta):
+        # the class's own source is the only place that lists them.
+        try:
+            known |= set(re.findall(r"kwargs\.(?:get|pop)\(\s*[\"'](\w+)[\"']", inspect.getsource(klass)))
+        except (OSError, TypeError):
+            pass
+    unknown = sorted(k for k in fields if k not in known and k != "model_type")
+    if unknown:
+        hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, known, n=1)) else k
+                 for k in unknown]
+        raise DetourError(f"{where}: unknown key(s) for {cls.__name__}: {', '.join(hints)}")
+
+
 def load_mlm_model(
     source: str | Path | None = None,
     *,
@@ -106,6 +140,7 @@ def load_mlm_model(
         tok = _load_tokenizer(tokenizer, trust_remote_code)
         fields = dict(config)
         model_type = _check_type(fields.pop("model_type", None), "model.config.model_type")
+        check_config_keys(model_type, fields)
         fields["vocab_size"] = len(tok)
         for name in _SPECIAL_NAMES:
             token_id = getattr(tok, f"{name}_token_id", None)

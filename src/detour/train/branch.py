@@ -29,16 +29,16 @@ from detour.train.checkpoint import Checkpoint, is_phase_end, list_checkpoints, 
 _SHARED_FIELDS = ("model", "data", "optimizer", "batch", "seed", "clm_chunk_size")
 
 
-def _first_difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any] | None:
+def first_difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any] | None:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in list(a) + [k for k in b if k not in a]:
-            found = _first_difference(a.get(key), b.get(key), f"{where}.{key}" if where else key)
+            found = first_difference(a.get(key), b.get(key), f"{where}.{key}" if where else key)
             if found:
                 return found
         return None
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b)):
-            found = _first_difference(x, y, f"{where}.{i}")
+            found = first_difference(x, y, f"{where}.{i}")
             if found:
                 return found
         return None
@@ -64,12 +64,12 @@ def check_matches_parent(recipe: Recipe, parent: dict, run: Path) -> int:
         raise DetourError(f"--after-phase {after}: it is phase {recipe.phase_index(after)} here but phase {k} in "
                           f"the parent run {run}; the phases before a branch must be the same")
     for field in _SHARED_FIELDS:
-        diff = _first_difference(mine.get(field), parent.get(field), field)
+        diff = first_difference(mine.get(field), parent.get(field), field)
         if diff:
             raise DetourError(f"{diff[0]}: {diff[1]!r} here but {diff[2]!r} in the parent run {run} (recipe.json); "
                               f"a branch must match its parent in everything up to the end of phase {after!r}")
     for i in range(k + 1):
-        diff = _first_difference(mine["phases"][i], parent["phases"][i], f"phases.{i}")
+        diff = first_difference(mine["phases"][i], parent["phases"][i], f"phases.{i}")
         if diff:
             raise DetourError(f"{diff[0]}: {diff[1]!r} here but {diff[2]!r} in the parent run {run} (recipe.json); "
                               f"the phases up to {after!r} must be the parent's")

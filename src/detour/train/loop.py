@@ -15,6 +15,9 @@ import copy
 import hashlib
 import json
 import math
+import os
+import re
+import shutil
 import signal
 import sys
 import time
@@ -35,7 +38,7 @@ from detour.train.checkpoint import checkpoint_folders, latest_checkpoint, resto
 from detour.train.distributed import World, init_world, shutdown_world
 from detour.train.metrics import MetricsLog, Progress
 from detour.train.schedule import lr_at
-from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, select_device
+from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, preflight, select_device
 
 RESUMABLE_EXIT = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; rerun with --resume
 
@@ -65,7 +68,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     world = init_world()
     device = select_device(recipe.device, world.local_rank)
     _check_divisible(recipe, world)
-    _check_out_dir(out, recipe, resume)
+    preflight(recipe, out)
+    check_out_dir(out, recipe, resume)
     # Verified before anything is built or written: a run whose checkpoints are all unusable stops here.
     ckpt = latest_checkpoint(out / "checkpoints", warn=None if world.main else lambda _msg: None) if resume else None
     if resume and ckpt is None and world.main:
@@ -149,11 +153,13 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                 if phase_done:
                     break
 
-    summary = {}
-    if world.main:
-        final = _export(model, tokenizer, recipe, state, out / "model")
-        summary = _summary(recipe, state, final)
-        write_json(out / "summary.json", summary)
+        # Still inside the signal guard: a SIGTERM now lets the final export finish (every phase is
+        # done and checkpointed) instead of killing it halfway.
+        summary = {}
+        if world.main:
+            final = _export(model, tokenizer, recipe, state, out / "model")
+            summary = _summary(recipe, state, final)
+            write_json(out / "summary.json", summary)
     world.barrier()
     shutdown_world(world)
     return TrainResult(out, summary)
@@ -318,21 +324,59 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
     return summary
 
 
-def _check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
+def check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
     """Refuse to overwrite a run that has checkpoints, or to resume one with another recipe."""
     saved = out / "recipe.json"
     if not (saved.is_file() and checkpoint_folders(out / "checkpoints")):
         return
     if not resume:
         raise DetourError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
-    if json.loads(saved.read_text()) != recipe_to_dict(recipe):
-        raise DetourError(f"{out} holds a run of a different recipe (see {saved}); resume with the same recipe "
-                          f"and --set overrides, or choose another --out")
+    from detour.train.branch import first_difference
+
+    diff = first_difference(recipe_to_dict(recipe), json.loads(saved.read_text()), "")
+    if diff:
+        raise DetourError(f"{out} holds a run of a different recipe ({diff[0]}: {diff[1]!r} now, {diff[2]!r} in "
+                          f"{saved}); resume with the same recipe and --set overrides, or choose another --out")
+
+
+_EXPORT_LEFTOVER = re.compile(r"^(?P<target>.+)\.(?P<kind>tmp|old)-\d+$")
+
+
+def clean_export_leftovers(out: Path) -> list[str]:
+    """Folders a killed export left (`model.tmp-PID`, `export/clm.old-PID`, ...): detour's names only.
+
+    A `.tmp-` folder is an unfinished export: removed. An `.old-` folder is the previous export,
+    moved aside just before its replacement was renamed in: put back if the kill came in between,
+    else removed.
+    """
+    done = []
+    for parent in [out, out / "export", *(p for p in (out / "export").glob("*") if p.is_dir())]:
+        if not parent.is_dir():
+            continue
+        for folder in sorted(parent.iterdir()):
+            m = _EXPORT_LEFTOVER.match(folder.name)
+            if not (m and folder.is_dir()):
+                continue
+            target = folder.with_name(m["target"])
+            if m["kind"] == "old" and not target.exists():
+                os.replace(folder, target)
+                done.append(f"restored {target}")
+            else:
+                # Exports taken during the phase may have been moved in already: they go back first.
+                for sub in sorted(folder.iterdir()):
+                    if sub.is_dir() and sub.name.isdigit() and target.is_dir() and not (target / sub.name).exists():
+                        os.replace(sub, target / sub.name)
+                        done.append(f"restored {target / sub.name}")
+                shutil.rmtree(folder)
+                done.append(f"removed {folder}")
+    return done
 
 
 def _start_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
     """Called once set-up succeeded, so a failed start leaves nothing behind that looks like a run."""
     out.mkdir(parents=True, exist_ok=True)
+    for line in clean_export_leftovers(out):
+        print(f"detour: {line} (left by an interrupted export)", file=sys.stderr)
     if not resume or not checkpoint_folders(out / "checkpoints"):
         (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh start: no stale records
     write_json(out / "recipe.json", recipe_to_dict(recipe))

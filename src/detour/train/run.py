@@ -73,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.overrides + branch_overrides(args))
     recipe.grad_accumulation()  # validates the batch arithmetic before any work
     if args.dry_run:
+        from detour.train.setup import preflight
+
+        preflight(recipe, args.out)
         print_plan(recipe)
         return 0
     try:

@@ -65,3 +65,88 @@ def check_data_matches_tokenizer(recipe: Recipe, tokenizer) -> None:
             raise DetourError(
                 f"data.sources: {source.path} was tokenized with a different tokenizer than the model's "
                 f"({theirs[:12]} != {mine[:12]}); re-run `detour prepare` with --tokenizer set to the model's")
+
+
+def model_depth(recipe: Recipe) -> int:
+    """The encoder's number of layers, from its config alone (no weights loaded)."""
+    from transformers import AutoConfig, CONFIG_MAPPING
+
+    from detour.model.load import _check_type, check_config_keys
+
+    spec = recipe.model
+    if spec.config is not None:
+        fields = dict(spec.config)
+        model_type = _check_type(fields.pop("model_type", None), "model.config.model_type")
+        check_config_keys(model_type, fields)
+        return int(fields.get("num_hidden_layers", CONFIG_MAPPING[model_type]().num_hidden_layers))
+    source = resolve_model_ref(spec.source)
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise DetourError(f"model.source: cannot read a config from {spec.source!r} ({exc})") from None
+    return int(config.num_hidden_layers)
+
+
+def _check_out_location(out) -> None:
+    """The run folder is a folder, or can be created, and is writable; nothing is created here."""
+    import os
+    from pathlib import Path
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DetourError(f"--out {out}: exists and is not a folder")
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise DetourError(f"--out {out}: {probe} is not writable")
+
+
+def preflight(recipe: Recipe, out=None) -> None:
+    """Everything that can be known before any weight is loaded: `--dry-run` and every run call it.
+
+    The model config's keys, every phase's freeze against the model's depth, every data source's
+    manifest and tokenizer fingerprint, a branch's parent, and the output folder.
+    """
+    from detour.data.shards import prepared_fingerprint
+    from detour.model.freeze import COMPONENTS, parse_layers
+
+    depth = model_depth(recipe)
+    for i, phase in enumerate(recipe.phases):
+        if phase.freeze is None:
+            continue
+        if phase.freeze.layers is not None:
+            try:
+                parse_layers(phase.freeze.layers, depth)
+            except DetourError as exc:
+                raise DetourError(f"phases.{i}.freeze.layers ({phase.name}): {str(exc).removeprefix('freeze.layers: ')}") from None
+        if phase.freeze.layers is None and not phase.freeze.components:
+            raise DetourError(f"phases.{i}.freeze ({phase.name}): give layers, components or both")
+        assert set(phase.freeze.components or ()) <= set(COMPONENTS)  # the config's Literal guarantees it
+    fingerprints = {}
+    for i, source in enumerate(recipe.data.sources):
+        try:
+            fingerprints[source.path] = prepared_fingerprint(source.path)
+        except (DetourError, OSError) as exc:
+            raise DetourError(f"data.sources.{i}: {exc} (prepare it with `detour prepare ... --out {source.path}`)") from None
+    if len(set(fingerprints.values())) > 1:
+        raise DetourError(f"data.sources: the sources were prepared with different tokenizers: {fingerprints}")
+    from detour.data.tokenize import tokenizer_fingerprint
+    from detour.model.load import _load_tokenizer
+
+    spec = recipe.model
+    tok_ref = resolve_model_ref(spec.tokenizer or spec.source)
+    try:
+        mine = tokenizer_fingerprint(_load_tokenizer(tok_ref, spec.trust_remote_code))
+    except (OSError, ValueError) as exc:
+        raise DetourError(f"model: cannot load the tokenizer {tok_ref!r} ({exc})") from None
+    for i, (path, theirs) in enumerate(fingerprints.items()):
+        if theirs != mine:
+            raise DetourError(f"data.sources.{i}: {path} was tokenized with a different tokenizer than the model's "
+                              f"({theirs[:12]} != {mine[:12]}); re-run `detour prepare` with --tokenizer set to the model's")
+    if recipe.branch is not None:
+        from detour.train.branch import branch_start
+
+        branch_start(recipe)
+    if out is not None:
+        _check_out_location(out)

@@ -147,10 +147,18 @@ def run_twins(recipe: Recipe, out: Path, resume: bool = False, progress: bool = 
               arms: dict[str, Recipe] | None = None) -> dict:
     from detour.train.loop import train
 
+    from detour.train.loop import check_out_dir
+    from detour.train.setup import preflight
+
     arms = arms or build_arms(recipe)
-    summaries, done, groups = {}, {}, None
+    for name, arm in arms.items():  # every arm's inputs, before any arm trains
+        preflight(arm, out / name)
+    resolved, done = {}, {}
     for name, arm in arms.items():
-        arm = _branch_point(name, arm, done, out)
+        resolved[name] = done[name] = _branch_point(name, arm, done, out)
+        check_out_dir(out / name, resolved[name], resume)  # a changed recipe is refused now, not after an arm
+    summaries, groups = {}, None
+    for name, arm in resolved.items():
         folder = out / name
         finished = folder / "summary.json"
         if resume and finished.is_file():
@@ -158,7 +166,6 @@ def run_twins(recipe: Recipe, out: Path, resume: bool = False, progress: bool = 
         else:
             result = train(arm, folder, resume=resume, progress=progress)
             summaries[name] = result.summary
-        done[name] = arm
         groups = groups or _groups_of(arm, folder)
     if not summaries["detour"]:  # not the main process under torchrun: rank 0 writes the report
         return {}
@@ -193,6 +200,10 @@ def run(args: argparse.Namespace) -> int:
     recipe.grad_accumulation()
     arms = build_arms(recipe, args.arm, args.baseline_arm, args.freeze, baseline_parent)
     if args.dry_run:
+        from detour.train.setup import preflight
+
+        for name, arm in arms.items():
+            preflight(arm, Path(args.out) / name)
         for name, arm in arms.items():
             print_plan(arm, {"detour": "detour arm", "baseline": "MLM baseline arm"}.get(name, f"arm {name}"))
         return 0
