@@ -38,3 +38,22 @@ def test_other_config_is_refused(tmp_path):
         Results.open(tmp_path, {"models": ["A"], "tasks": ["t"], "seeds": [0, 1]})
     assert Results.open(tmp_path, {"models": ["A"], "tasks": ["t"], "seeds": [0]}).done() == {("A", "t", 0)}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left behind
+
+
+def test_json_and_markdown_are_written_together(tmp_path, monkeypatch):
+    """A table that fails to render leaves both files as they were: never a new json beside an old table."""
+    from detour.eval import results as results_module
+
+    config = {"models": ["A"], "tasks": ["t"], "seeds": [0, 1]}
+    res = Results.open(tmp_path, config)
+    res.add(run("A", "t", 0, 0.5))
+    before = {name: (tmp_path / name).read_text() for name in ("results.json", "results.md")}
+
+    def broken(*args):
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(results_module, "markdown_table", broken)
+    with pytest.raises(RuntimeError):
+        res.add(run("A", "t", 1, 0.7))
+    assert {name: (tmp_path / name).read_text() for name in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]

@@ -5,7 +5,9 @@
 Schema `detour.eval/1`: {"schema", "config", "runs": [...], "summary": {model: {task: {metric:
 {"mean", "std", "n"}}}}}. A rerun with the same output folder resumes (finished (model, task,
 seed) runs are skipped) and refuses a different config, so one file never mixes two evaluations.
-std is the sample standard deviation (ddof=1; 0 for a single seed).
+std is the sample standard deviation (ddof=1; 0 for a single seed). results.md is rewritten with
+results.json every time (`detour eval` also rewrites both when a rerun finds every run cached), so
+it never shows a table older than the runs beside it.
 """
 
 from __future__ import annotations
@@ -68,10 +70,17 @@ class Results:
         return out
 
     def write(self) -> None:
+        """Rewrite results.json and results.md together, so the table never describes other runs.
+
+        Both texts are rendered before either file is touched: a failure while rendering leaves
+        both files as they were. Each file is replaced atomically.
+        """
         summary = self.summary()
         data = {"schema": SCHEMA, "config": self.config, "runs": self.runs, "summary": summary}
-        write_text(self.out / "results.json", json.dumps(data, indent=1) + "\n")
-        write_text(self.out / "results.md", markdown_table(summary, self.config, self.runs))
+        text_json = json.dumps(data, indent=1) + "\n"
+        text_md = markdown_table(summary, self.config, self.runs)
+        write_text(self.out / "results.json", text_json)
+        write_text(self.out / "results.md", text_md)
 
 
 def _stats(values: list[float]) -> dict:
