@@ -1,4 +1,4 @@
-"""Acceptance check: `detour eval` vs the stock Hugging Face token-classification recipe.
+"""Parity check: `detour eval` vs the stock Hugging Face token-classification recipe.
 
     .venv/bin/python scripts/compare_hf_ner.py --epochs 3 --seed 0 --out runs/compare-hf-ner
     # or the two arms in parallel, one CPU thread each, then the summary:
@@ -136,7 +136,7 @@ def summary(out: Path) -> str:
         lines.append(f"| {r['recipe']} | {100 * m['macro_f1']:.2f} | {100 * m['micro_f1']:.2f} | "
                      f"{100 * m['precision']:.2f} | {100 * m['recall']:.2f} | {r['train_s']} |")
     gap = 100 * (de["metrics"]["macro_f1"] - hf["metrics"]["macro_f1"])
-    lines.append(f"\ndetour - HF = {gap:+.2f} F1 points (acceptance: within 2).")
+    lines.append(f"\ndetour - HF = {gap:+.2f} F1 points (the target: within 2 points).")
     return "\n".join(lines) + "\n"
 
 

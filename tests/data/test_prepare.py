@@ -16,7 +16,7 @@ def _ids_on_disk(corpus: PreparedCorpus) -> int:
     return sum((corpus.path / s["file"]).stat().st_size for s in corpus.manifest["shards"]) // corpus.dtype.itemsize
 
 
-def test_english_biomedical_corpus_acceptance(shared_data, minilm, tmp_path):
+def test_english_biomedical_corpus_prepares_exactly(shared_data, minilm, tmp_path):
     en = shared_data / "corpora" / "en-biomed"
     out = tmp_path / "en"
     manifest = prepare_sources([str(en / "e3c-en-layer3.jsonl"), str(en / "pubmed-abstracts-1mb.txt")],

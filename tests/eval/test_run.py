@@ -88,7 +88,7 @@ def test_resume_after_interruption_and_refuse_other_config(minilm, shared_data, 
 
 
 def test_unseen_iob_folder_and_tsv_task_specs(minilm, tmp_path):
-    """Acceptance 3: a user's IOB2 folder and classification TSV run without code changes."""
+    """A user's IOB2 folder and classification TSV run without code changes."""
     iob = tmp_path / "mydata" / "ner"
     iob.mkdir(parents=True)
     drugs = ["aspirin", "warfarin", "heparin", "insulin"]
