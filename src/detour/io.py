@@ -3,25 +3,55 @@
     python -c "from detour.io import write_json; write_json('/tmp/x.json', {'ok': True})"
 
 Each write goes to a hidden temporary file beside the target, then `os.replace` renames it into
-place (atomic on POSIX); on any error the temporary file is removed.
+place (atomic on POSIX); on any error the temporary file is removed. A new file gets the mode a
+plain open() would give it (0666 less the umask); a replaced one keeps its permission bits.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
+def _create_temporary(path: Path) -> str:
+    """An empty hidden file beside `path` with the permissions a plain open() would give it.
+
+    tempfile.mkstemp makes 0600 files, so results would be unreadable to the rest of a group;
+    os.open with 0666 lets the umask decide (0644 under umask 022), as for any new file. When
+    `path` already exists its permission bits are kept, as open(path, "w") would keep them.
+    """
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode) & 0o777
+    except FileNotFoundError:
+        mode = None
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
+        return tmp
+
+
 def atomic_write(path: str | Path, write: Callable[[str], Any]) -> None:
     """Call `write(tmp_path)` to produce the file, then rename it onto `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
+    tmp = _create_temporary(path)
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -75,3 +105,22 @@ def ensure_output_dir(path: str | Path, flag: str = "--out") -> Path:
     except OSError as exc:
         raise DetourError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
     return path
+
+
+def check_output_location(path: str | Path, flag: str = "--out") -> None:
+    """An output folder that exists as a folder, or can be created, in a writable place; creates nothing.
+
+    For checks before any compute that must leave no trace when the command then fails on its inputs.
+    """
+    from detour.errors import DetourError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DetourError(f"{flag} {path}: exists and is not a folder")
+    probe = path.absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise DetourError(f"{flag} {path}: {probe} is a file, so the folder cannot be created")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise DetourError(f"{flag} {path}: {probe} is not writable")

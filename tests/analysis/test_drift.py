@@ -260,3 +260,4 @@ def test_minilm_with_one_perturbed_layer(minilm, tmp_path):
     for row in result["layers"]:
         if row["name"] != "layer 1":
             assert row["total"] == 0.0 and all(v == 0.0 for v in row["rel"].values()), row["name"]
+

@@ -226,6 +226,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from detour.io import check_output_location
+
+    check_output_location(args.out)  # before any model loads: a long analysis must not fail at its end
     if args.analysis != "cka":
         return _other_modules()[args.analysis].run(args)
     result = cka_analysis(args.model_a, args.model_b, args.noise_floor, args.texts, args.n, args.seeds,

@@ -87,21 +87,6 @@ def model_depth(recipe: Recipe) -> int:
     return int(config.num_hidden_layers)
 
 
-def _check_out_location(out) -> None:
-    """The run folder is a folder, or can be created, and is writable; nothing is created here."""
-    import os
-    from pathlib import Path
-
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise DetourError(f"--out {out}: exists and is not a folder")
-    probe = out
-    while not probe.exists():
-        probe = probe.parent
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise DetourError(f"--out {out}: {probe} is not writable")
-
-
 def preflight(recipe: Recipe, out=None) -> None:
     """Everything that can be known before any weight is loaded: `--dry-run` and every run call it.
 
@@ -149,4 +134,6 @@ def preflight(recipe: Recipe, out=None) -> None:
 
         branch_start(recipe)
     if out is not None:
-        _check_out_location(out)
+        from detour.io import check_output_location
+
+        check_output_location(out)
