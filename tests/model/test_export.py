@@ -77,3 +77,35 @@ def test_export_replaces_an_older_export_and_keeps_the_model_config(minilm, tmp_
     assert json.loads((target / "config.json").read_text())["is_decoder"] is False
     assert model.config.is_decoder is True  # the live model's config is left as it was
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_bert_export_keeps_the_pretrained_pooler_for_classification(minilm, tmp_path):
+    """Loading an export for classification reports only the new classifier as missing."""
+    import subprocess
+    import sys
+
+    from safetensors import safe_open
+
+    model, tok = load_mlm_model(minilm)
+    assert set(model.extra_export_weights) == {"bert.pooler.dense.weight", "bert.pooler.dense.bias"}
+    out = export_hf(model, tok, tmp_path / "export", CARD)
+    with safe_open(str(minilm / "model.safetensors"), "pt") as base, \
+            safe_open(str(out / "model.safetensors"), "pt") as saved:
+        assert torch.equal(saved.get_tensor("bert.pooler.dense.weight"), base.get_tensor("pooler.dense.weight"))
+    # a clean interpreter with stock transformers, as a user would load it
+    code = (
+        "import sys, json\n"
+        "from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification, "
+        "AutoModelForTokenClassification\n"
+        "report = {}\n"
+        "for cls in (AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification, "
+        "AutoModelForTokenClassification):\n"
+        "    _, info = cls.from_pretrained(sys.argv[1], output_loading_info=True)\n"
+        "    report[cls.__name__] = sorted(info['missing_keys'])\n"
+        "print(json.dumps(report))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, check=True)
+    missing = json.loads(done.stdout.strip().splitlines()[-1])
+    assert missing["AutoModel"] == [] and missing["AutoModelForMaskedLM"] == []
+    assert missing["AutoModelForSequenceClassification"] == ["classifier.bias", "classifier.weight"]
+    assert missing["AutoModelForTokenClassification"] == ["classifier.bias", "classifier.weight"]

@@ -95,6 +95,7 @@ def export_hf(model, tokenizer, out_dir: str | Path, card: dict) -> Path:
         config.add_cross_attention = False
         model.config = config
         model.save_pretrained(tmp, safe_serialization=True)
+        _add_extra_weights(tmp, getattr(model, "extra_export_weights", None))
         tokenizer.save_pretrained(tmp)
         (tmp / "README.md").write_text(_card(card, model), encoding="utf-8")
         _check_config(tmp / "config.json")
@@ -117,6 +118,20 @@ def export_hf(model, tokenizer, out_dir: str | Path, card: dict) -> Path:
         model.config = saved_config
     shutil.rmtree(old, ignore_errors=True)
     return out_dir
+
+
+def _add_extra_weights(folder: Path, extra: dict | None) -> None:
+    """Write the base model's pooler (kept aside at load) into the export's weights file."""
+    if not extra:
+        return
+    from safetensors.torch import load_file, save_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if len(files) != 1:  # sharded exports: the pooler goes into its own file of the index
+        raise DetourError(f"{folder}: expected one safetensors file to add the pooler to, found {len(files)}")
+    weights = load_file(str(files[0]))
+    weights.update({k: v for k, v in extra.items() if k not in weights})
+    save_file(weights, str(files[0]), metadata={"format": "pt"})
 
 
 def _check_config(path: Path) -> None:

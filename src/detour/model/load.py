@@ -195,6 +195,7 @@ def _load_pretrained(source, attn_implementation, trust_remote_code, seed) -> Pr
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
+    model.extra_export_weights = _unused_pretrained_weights(source, model, info.get("unexpected_keys", ()))
     missing = set(info.get("missing_keys", ()))
     head_names = {n for n, _ in model.named_parameters() if _is_head_param(model, n)}
     body_missing = sorted(k for k in missing if k not in head_names and not _is_head_param(model, k))
@@ -211,6 +212,34 @@ def _load_pretrained(source, attn_implementation, trust_remote_code, seed) -> Pr
             len(missing),
         )
     return model
+
+
+# Pretrained weights a masked LM does not use but other heads of the same encoder do: BERT's and
+# RoBERTa's pooler (the CLS dense layer of AutoModelForSequenceClassification).
+_KEPT_FOR_OTHER_HEADS = re.compile(r"(^|\.)pooler\.")
+
+
+def _unused_pretrained_weights(source, model, unexpected) -> dict[str, torch.Tensor]:
+    """The base checkpoint's pooler tensors, named as in the masked LM's namespace, for the exports.
+
+    Continued pretraining does not train them, but dropping them would make every classification
+    fine-tune of an export start from a random pooler where the base model had a pretrained one.
+    """
+    wanted = [k for k in unexpected if _KEPT_FOR_OTHER_HEADS.search(k)]
+    files = sorted(Path(str(source)).glob("*.safetensors")) if Path(str(source)).is_dir() else []
+    if not wanted or not files:
+        return {}
+    from safetensors import safe_open
+
+    prefix = model.base_model_prefix + "."
+    found = {}
+    for file in files:
+        with safe_open(str(file), "pt") as fh:
+            for key in fh.keys():
+                name = key if key.startswith(prefix) else prefix + key
+                if name in wanted or key in wanted:
+                    found[name] = fh.get_tensor(key).to(torch.float32).contiguous()
+    return found
 
 
 def family(model) -> str:
