@@ -109,3 +109,15 @@ def test_a_bert_export_keeps_the_pretrained_pooler_for_classification(minilm, tm
     assert missing["AutoModel"] == [] and missing["AutoModelForMaskedLM"] == []
     assert missing["AutoModelForSequenceClassification"] == ["classifier.bias", "classifier.weight"]
     assert missing["AutoModelForTokenClassification"] == ["classifier.bias", "classifier.weight"]
+
+
+def test_the_exported_tokenizer_config_matches_the_model(minilm, tmp_path):
+    from transformers import AutoTokenizer
+
+    model, tok = load_mlm_model(None, config={**tiny_modernbert_config(), "max_position_embeddings": 1024},
+                                tokenizer=minilm)  # more positions than the tokenizer's 512
+    out = export_hf(model, tok, tmp_path / "export", CARD)
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert saved["model_max_length"] == model.config.max_position_embeddings == 1024
+    assert not {"is_local", "local_files_only", "max_length"} & set(saved)
+    assert AutoTokenizer.from_pretrained(out).model_max_length == 1024

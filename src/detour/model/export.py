@@ -97,6 +97,7 @@ def export_hf(model, tokenizer, out_dir: str | Path, card: dict) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         _add_extra_weights(tmp, getattr(model, "extra_export_weights", None))
         tokenizer.save_pretrained(tmp)
+        _fix_tokenizer_config(tmp / "tokenizer_config.json", model.config)
         (tmp / "README.md").write_text(_card(card, model), encoding="utf-8")
         _check_config(tmp / "config.json")
         if out_dir.exists():
@@ -118,6 +119,25 @@ def export_hf(model, tokenizer, out_dir: str | Path, card: dict) -> Path:
         model.config = saved_config
     shutil.rmtree(old, ignore_errors=True)
     return out_dir
+
+
+# Written by the loader or a call's defaults, not properties of the tokenizer a user should inherit.
+_LOADER_ONLY_KEYS = ("is_local", "local_files_only", "max_length", "_commit_hash", "cache_dir")
+
+
+def _fix_tokenizer_config(path: Path, config) -> None:
+    """model_max_length from the model's own positions; no loader-only keys."""
+    if not path.is_file():
+        return
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    for key in _LOADER_ONLY_KEYS:
+        saved.pop(key, None)
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int):
+        if config.model_type in ("roberta", "camembert", "xlm-roberta"):
+            positions -= (config.pad_token_id or 0) + 1  # RoBERTa's positions start after the padding index
+        saved["model_max_length"] = positions
+    path.write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _add_extra_weights(folder: Path, extra: dict | None) -> None:
