@@ -23,8 +23,9 @@ def test_doctor_passes_on_tiny_modernbert(capsys, minilm, attn):
     assert {c["objective"] for c in verdict["checks"]} == {"clm", "mlm"}
 
 
-def test_doctor_passes_on_minilm(capsys, minilm):
-    code, verdict = run_doctor(capsys, str(minilm), "--seq-len", "48")
+@pytest.mark.parametrize("name", ["folder", "minilm-l6"])  # the alias resolves here as in every verb
+def test_doctor_passes_on_minilm(capsys, minilm, name):
+    code, verdict = run_doctor(capsys, str(minilm) if name == "folder" else name, "--seq-len", "48")
     assert code == 0 and verdict["ok"] and verdict["model_type"] == "bert"
     assert "sliding_window_exercised" not in verdict
 

