@@ -4,8 +4,9 @@
     detour prepare "synthetic:clinical?docs=2000&seed=0" --tokenizer minilm-l6 --out data/synthetic
 
 Each verb lives in its own module, which exposes `add_arguments(parser)` and `run(args) -> int`.
-Modules are imported only when their verb runs, so `detour --help` stays fast and a verb whose
-module is not built yet says so and exits non-zero instead of pretending.
+Modules are imported only when their verb runs, so `detour --help` stays fast; `--help` lists only
+the verbs whose module exists, and a verb not built yet says so and exits non-zero instead of
+pretending.
 """
 
 from __future__ import annotations
@@ -42,9 +43,19 @@ def _build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"detour {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb, (_, help_text) in VERBS.items():
-        sub.add_parser(verb, help=help_text, add_help=False)
+    for verb, (module_name, help_text) in VERBS.items():
+        if _is_built(module_name):  # --help lists only what runs
+            sub.add_parser(verb, help=help_text, add_help=False)
     return parser
+
+
+def _is_built(module_name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except ModuleNotFoundError:  # its package does not exist either
+        return False
 
 
 def _load_verb(verb: str):
