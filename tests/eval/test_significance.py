@@ -231,3 +231,17 @@ def test_settings_older_results_lack_are_named_as_unchecked(tmp_path, capsys):
             "eval_examples, max_length, lr, batch_size, labels for task(s) t1, t2, t3, t4: not recorded in the "
             "results of B") in err
     assert "WARNING" not in err
+
+
+def test_models_are_found_by_label_by_path_and_with_a_trailing_slash(tmp_path, monkeypatch):
+    from detour.eval.significance import _resolve_model
+
+    monkeypatch.chdir(tmp_path)
+    models = ["runs/twins/detour/model", "runs/twins/baseline/model"]
+    for wanted in ("detour/model", "runs/twins/detour/model/", str(tmp_path / "runs/twins/detour/model"),
+                   "./runs/twins/detour/model"):
+        assert _resolve_model(wanted, models, "--a") == models[0], wanted
+    with pytest.raises(DetourError, match="ambiguous"):
+        _resolve_model("model", models, "--a")
+    with pytest.raises(DetourError, match="not found"):
+        _resolve_model("other/model", models, "--a")

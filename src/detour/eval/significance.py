@@ -264,12 +264,26 @@ def load_runs(paths: list[Path]) -> list[dict]:
 
 
 def _resolve_model(wanted: str, models: list[str], flag: str) -> str:
-    """Exact name, or a unique match on the last path component (models are named as given)."""
+    """The model as recorded, as results.md labels it, or as a path (relative or absolute, any trailing slash)."""
+    from detour.eval.results import display_name
+
     if wanted in models:
         return wanted
-    matches = [m for m in models if Path(m.rstrip("/")).name == wanted]
-    if len(matches) == 1:
-        return matches[0]
+    clean = wanted.rstrip("/")
+
+    def same_path(m: str) -> bool:
+        try:
+            return Path(m).resolve() == Path(clean).resolve()
+        except OSError:
+            return False
+
+    for rule in (lambda m: m.rstrip("/") == clean, same_path, lambda m: display_name(m.rstrip("/")) == clean,
+                 lambda m: Path(m.rstrip("/")).name == clean):
+        matches = [m for m in models if rule(m)]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            break
     raise DetourError(f"{flag} {wanted!r}: not found among the models in the results ({', '.join(models)})"
                       if not matches else f"{flag} {wanted!r} is ambiguous: {', '.join(matches)}")
 
