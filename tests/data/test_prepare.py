@@ -204,3 +204,237 @@ def test_roberta_style_and_eos_less_tokenizers_with_a_large_vocabulary(tmp_path,
     words = list(generate_documents(20, seed=0))[3].split()
     assert doc == ([2] if with_template else []) + [vocab[w] for w in words] + [3]
     assert min(doc[1:-1]) > 65_535
+
+
+# ---- what prepare may replace or remove ----
+
+def _tree(folder) -> dict:
+    """Every file under `folder` with its bytes: equal before and after means untouched."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_never_replaces_a_folder_detour_did_not_write(minilm, tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("Fever.\nCough.\n")
+    base = ["prepare", str(notes), "--tokenizer", str(minilm)]
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "thesis.tex").write_text("\\section{Results}\n")
+    (mine / "sub" / "data.csv").write_text("a,b\n1,2\n")
+    mine_before = _tree(mine)
+    for extra in (["--overwrite"], []):
+        assert main(base + ["--out", str(mine), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {mine}: exists, is not empty and is not the output of `detour prepare`" in err
+        assert "--overwrite" not in err  # no advice to destroy the folder
+        assert _tree(mine) == mine_before
+    # a real earlier output with a file of the user's added to it is not replaced either
+    out = tmp_path / "out"
+    assert main(base + ["--out", str(out)]) == 0
+    (out / "README.md").write_text("how I made this corpus\n")
+    before = _tree(out)
+    assert main(base + ["--out", str(out), "--overwrite"]) == 2
+    assert f"holds {out / 'README.md'}, which `detour prepare` did not write" in capsys.readouterr().err
+    assert _tree(out) == before
+    # nor a symbolic link (prepare would replace the link itself)
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    assert main(base + ["--out", str(link), "--overwrite"]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err
+    assert link.is_symlink() and _tree(mine) == mine_before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "mine", "notes.txt", "out"]
+
+
+def test_overwrite_never_replaces_the_folder_holding_an_input(minilm, tmp_path, capsys, monkeypatch):
+    from transformers import AutoTokenizer
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "notes.txt").write_text("Fever.\nCough.\n")
+    spec = corpus / "data.yaml"
+    spec.write_text("sources:\n  - 'synthetic:clinical?docs=3'\n")
+    tok = tmp_path / "tok"
+    AutoTokenizer.from_pretrained(minilm).save_pretrained(tok)
+    before = {"corpus": _tree(corpus), "tok": _tree(tok)}
+    cases = [
+        (["prepare", str(corpus / "notes.txt"), "--tokenizer", str(minilm), "--out", str(corpus)], corpus / "notes.txt"),
+        (["prepare", "--spec", str(spec), "--tokenizer", str(minilm), "--out", str(corpus)], spec),
+        (["prepare", "synthetic:clinical?docs=3", "--tokenizer", str(tok), "--out", str(tok)], tok),
+    ]
+    for args, held in cases:
+        assert main(args + ["--overwrite"]) == 2
+        assert f"contains {held.resolve()}, an input of this command" in capsys.readouterr().err
+    monkeypatch.chdir(corpus)  # the same with relative paths, --out being the current folder
+    assert main(["prepare", "notes.txt", "--tokenizer", str(minilm), "--out", ".", "--overwrite"]) == 2
+    assert "an input of this command" in capsys.readouterr().err
+    assert {"corpus": _tree(corpus), "tok": _tree(tok)} == before
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")  # nor the (empty) current folder, which would be renamed away
+    assert main(["prepare", str(corpus / "notes.txt"), "--tokenizer", str(minilm), "--out", "."]) == 2
+    assert "is the current folder or holds it" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "empty", "tok"]
+    assert not any((tmp_path / "empty").iterdir())
+
+
+def test_out_that_is_a_file_or_inside_one_fails_before_the_tokenizer_is_loaded(tmp_path, capsys):
+    import os
+    from pathlib import Path
+
+    # the tokenizer does not exist: reaching its loading would report that instead
+    taken = tmp_path / "data.bin"
+    taken.write_bytes(b"\x00user data")
+    cases = [(taken, f"--out {taken}: exists and is not a folder"),
+             (taken / "corpus", f"--out (its parent folder) {taken}: exists and is not a folder")]
+    if os.path.ismount("/proc"):  # a mount point cannot be renamed away: say so now, not at the end
+        cases.append((Path("/proc"), "--out /proc: is a mount point"))
+    for out, message in cases:
+        assert main(["prepare", "synthetic:clinical?docs=3", "--tokenizer", str(tmp_path / "no-tokenizer"),
+                     "--out", str(out), "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "cannot load tokenizer" not in err
+    assert taken.read_bytes() == b"\x00user data" and [p.name for p in tmp_path.iterdir()] == ["data.bin"]
+
+
+def test_only_detours_own_leftovers_of_dead_runs_are_removed(minilm, tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+
+    def finished_pid() -> int:
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        return proc.pid
+
+    def leftover(name: str, extra: str | None = None, manifest: bool = False):
+        folder = tmp_path / name
+        (folder / "src").mkdir(parents=True)
+        for f in ("offsets.bin", "tokens-00000.bin") + (("manifest.json",) if manifest else ()):
+            (folder / "src" / f).write_bytes(b"\x00" * 8)
+        if manifest:
+            (folder / "manifest.json").write_text('{"format": "detour-prepared/1"}')
+        if extra:
+            (folder / extra).write_text("the user's\n")
+        return folder
+
+    dead, dead2 = finished_pid(), finished_pid()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        removed = [leftover(f"out.tmp-{dead}"), leftover(f"out.old-{dead}", manifest=True),
+                   leftover(f"out.old-{running.pid}")]
+        os.utime(removed[-1], (1e9, 1e9))  # older than the running process: its pid was reused
+        kept = [leftover(f"out.tmp-{running.pid}"),               # its run is still going
+                leftover(f"out.tmp-{dead2}", extra="notes.txt"),  # holds a file prepare does not write
+                leftover(f"out.tmp-{dead2}x"), leftover("out.tmp-backup"), leftover(f"data.tmp-{dead}")]
+        prepare_sources(["synthetic:clinical?docs=3"], minilm, tmp_path / "out")
+    finally:
+        running.kill()
+        running.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out"] + [k.name for k in kept])
+    err = capsys.readouterr().err
+    assert f"removed {removed[0]}, left by an interrupted `detour prepare` (process {dead} is gone)" in err
+    assert f"left {kept[1]} in place" in err
+
+
+# ---- very long documents ----
+
+def _pubmed_document(shared_data, chars: int) -> str:
+    """Real abstracts joined with single spaces into one document of about `chars` characters."""
+    lines = (shared_data / "corpora" / "en-biomed" / "pubmed-abstracts-1mb.txt").read_text().splitlines()
+    text = " ".join(lines)
+    return (text * (chars // len(text) + 1))[:chars].strip()
+
+
+# Prepares a small file (imports done, tokenizer loaded), then the long one; prints by how many MB
+# the peak resident memory grew during the second.
+_PEAK_GROWTH = """
+import resource, sys
+from pathlib import Path
+from detour.data.prepare import prepare
+from detour.data.sources import parse_source
+folder, tokenizer = Path(sys.argv[1]), sys.argv[2]
+prepare([(parse_source(str(folder / "small.txt")), None)], tokenizer, folder / "small")
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+prepare([(parse_source(str(folder / "long.txt")), None)], tokenizer, folder / "out")
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def test_a_long_document_is_tokenized_in_pieces_with_exactly_the_ids_of_the_whole(minilm, shared_data, tmp_path):
+    import subprocess
+    import sys
+
+    from detour.data.prepare import CUT_CHARS, _Encoder
+    from detour.data.tokenize import separator_policy
+
+    doc = _pubmed_document(shared_data, 2_000_000)
+    (tmp_path / "small.txt").write_text("A short note.\n")
+    (tmp_path / "long.txt").write_text(f"Short note.\n{doc}\nAnother short note.\n", encoding="utf-8")
+    run = subprocess.run([sys.executable, "-c", _PEAK_GROWTH, str(tmp_path), str(minilm)],
+                         capture_output=True, text=True, check=True)
+    # in one piece the tokenizer takes about 140 bytes a character: 311 MB measured here, 46 MB in pieces
+    assert int(run.stdout.split()[-1]) < 150 and "warning" not in run.stderr
+    tok = load_tokenizer(str(minilm))
+    pieces, why = _Encoder(tok, separator_policy(tok)).cut(doc)
+    assert why is None and len(pieces) == 8 and max(map(len, pieces)) < CUT_CHARS and "".join(pieces) == doc
+    corpus = open_prepared(tmp_path / "out")[0][0]
+    assert corpus.num_documents == 3
+    assert corpus.document(1).tolist() == tok(doc, verbose=False)["input_ids"]
+    assert corpus.document(2).tolist() == tok("Another short note.")["input_ids"]
+
+
+def _trained_tokenizer(folder, kind: str, texts: list[str]):
+    """A small real tokenizer of another family than MiniLM's WordPiece, trained on `texts`."""
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<s>", "</s>", "<pad>", "<unk>"]
+    if kind == "unigram":  # SentencePiece style: NFKC, lower case, Metaspace, EOS appended by prepare
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=800, special_tokens=specials, unk_token="<unk>"))
+    else:  # RoBERTa / ModernBERT style byte-level BPE
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=800, special_tokens=specials))
+        tok.post_processor = processors.RobertaProcessing(("</s>", 1), ("<s>", 0))
+        tok.add_tokens([AddedToken("blood pressure")])  # an added token with a space inside: never cut there
+        if kind == "strip":  # strips each text: a cut before a space would lose it, so nothing is cut
+            tok.normalizer = normalizers.Strip()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                            unk_token="<unk>").save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("kind, cut", [("bytelevel", True), ("unigram", True), ("strip", False)])
+def test_cuts_keep_the_ids_of_other_tokenizer_families(shared_data, tmp_path, monkeypatch, capsys, kind, cut):
+    import detour.data.prepare as prepare_module
+    from detour.data.tokenize import separator_policy
+
+    monkeypatch.setattr(prepare_module, "CUT_CHARS", 4_000)  # many cuts in a small document
+    monkeypatch.setattr(prepare_module, "PIECE_CHARS", 1_500)
+    doc = " ".join([_pubmed_document(shared_data, 40_000), "Tension: blood pressure 120/80,  fièvre ΑΣ ﬁn."] * 2)
+    tok_dir = _trained_tokenizer(tmp_path / "tok", kind, doc.split(". "))
+    f = tmp_path / "doc.txt"
+    f.write_text(doc + "\n", encoding="utf-8")
+    manifest = prepare_sources([str(f)], tok_dir, tmp_path / "out", workers=2)
+    tok = load_tokenizer(str(tok_dir))
+    policy = separator_policy(tok)
+    pieces, _ = prepare_module._Encoder(tok, policy).cut(doc)
+    assert (len(pieces) > 20) is cut
+    whole = tok(doc)["input_ids"] + (policy["suffix_ids"] if policy["append_eos"] else [])
+    assert open_prepared(tmp_path / "out")[0][0].document(0).tolist() == whole
+    assert manifest["tokens"] == len(whole)
+    assert ("tokenized in one piece" in capsys.readouterr().err) is not cut
+
+
+def test_a_document_that_cannot_be_cut_is_announced_with_its_line(minilm, tmp_path, capsys):
+    f = tmp_path / "blob.txt"
+    f.write_text("A short note.\n" + "x" * 1_100_000 + "\nThe end.\n")
+    assert main(["prepare", str(f), "--tokenizer", str(minilm), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {f}:2: a document of 1,100,000 characters is tokenized in one piece" in err
+    assert "0.1 GiB of memory" in err
+    tok = load_tokenizer(str(minilm))
+    assert open_prepared(tmp_path / "out")[0][0].document(1).tolist() == [tok.cls_token_id, tok.unk_token_id,
+                                                                            tok.sep_token_id]

@@ -3,7 +3,7 @@
 import pytest
 
 from detour.cli import main
-from detour.data.sources import iter_texts, parse_source
+from detour.data.sources import document_location, iter_documents, iter_texts, parse_source
 from detour.errors import DetourError
 
 
@@ -38,6 +38,27 @@ def test_jsonl_text_field_and_null(tmp_path):
     f = tmp_path / "c.jsonl"
     f.write_text('{"body": "é café"}\n\n{"body": null}\n', encoding="utf-8")
     assert list(iter_texts(parse_source(str(f), text_field="body"))) == ["é café", None]
+
+
+def test_each_document_says_where_it_starts(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    txt = tmp_path / "c.txt"
+    txt.write_text("a\n\nb one\nb two\n\n\nc\n", encoding="utf-8")
+    lines = parse_source(str(txt))
+    assert [n for n, _ in iter_documents(lines)] == [1, 2, 3, 4, 5, 6, 7]
+    assert document_location(lines, 7) == f"{txt}:7"
+    blocks = parse_source(str(txt), blank_line_docs=True)
+    assert [(document_location(blocks, n), t) for n, t in iter_documents(blocks)] == [
+        (f"{txt}:1", "a"), (f"{txt}:3", "b one\nb two"), (f"{txt}:7", "c")]
+    jl = tmp_path / "c.jsonl"
+    jl.write_text('{"text": "x"}\n\n{"text": "y"}\n', encoding="utf-8")
+    assert [n for n, _ in iter_documents(parse_source(str(jl)))] == [1, 3]  # blank lines are not records
+    pqf = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": ["p", "q", "r"]}), pqf)
+    src = parse_source(str(pqf))
+    assert [(document_location(src, n), t) for n, t in iter_documents(src)][2] == (f"{pqf}: row 2", "r")
 
 
 @pytest.mark.parametrize("content, match", [

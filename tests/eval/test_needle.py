@@ -122,3 +122,14 @@ def test_clear_errors(tiny_needle_model, tmp_path, capsys):
     assert main(["needle", str(tiny_needle_model), "--haystack", str(tmp_path / "none.txt"), "--out", str(tmp_path)]) == 2
     assert main(["needle", str(tiny_needle_model), "--preset", "huge"]) == 2
     assert not (tmp_path / "needle.json").exists()
+
+
+def test_an_unusable_out_fails_before_the_model_is_loaded(tmp_path, capsys):
+    # the model folder does not exist: reaching the model load would report that instead
+    taken = tmp_path / "needle.txt"
+    taken.write_text("user notes\n")
+    for out, why in [(taken, "exists and is not a folder"), (taken / "needle", "cannot write there")]:
+        assert main(["needle", str(tmp_path / "no-model"), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out}: {why}" in err and "no-model" not in err
+    assert taken.read_text() == "user notes\n"

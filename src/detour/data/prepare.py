@@ -19,13 +19,28 @@ Each document is stripped and encoded with the tokenizer's own special tokens ([
 <s> ... </s>); documents empty after stripping are skipped and counted. Input is streamed and
 tokenized by N worker processes in ordered batches, so memory stays flat as the corpus grows and
 the output does not depend on N. Everything is written into DIR.tmp-<pid> and renamed to DIR at the
-end: an interrupted run leaves no folder that looks complete.
+end: an interrupted run leaves no folder that looks complete, and the next run into the same DIR
+removes what a killed run left (DIR.tmp-<pid>, DIR.old-<pid> of a process that is gone, holding only
+files prepare writes).
+
+What prepare replaces: DIR may be new, an empty folder, or, with --overwrite, the output of an
+earlier `detour prepare` (its manifest.json has "format": "detour-prepared/1" and the folder holds
+nothing else than what prepare writes). Any other folder is refused, and so is a DIR that contains
+an input of the command (a source, the spec, the tokenizer folder): nothing of the user's is deleted.
+
+Very long documents: the tokenizer needs about 140 bytes of memory per character it encodes at
+once (a 50 MB one-line document: some 7 GB). A document over 1,000,000 characters is therefore
+encoded in pieces of about 256K characters, cut only at a whitespace where the tokenizer is shown
+to give the same ids (see `_Encoder.cut`), so the ids on disk are exactly those of the whole
+document. Where no such cut exists (no whitespace, a tokenizer whose normalizer or pre-tokenizer
+could act across a cut), prepare warns before encoding it, naming the document's file and line.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import multiprocessing
 import os
 import re
@@ -38,16 +53,26 @@ import numpy as np
 
 from detour.data import tokenize
 from detour.data.shards import CORPUS_FORMAT, ShardWriter, token_dtype, write_json
-from detour.data.sources import Source, iter_texts, parse_source
+from detour.data.sources import Source, document_location, iter_documents, parse_source
 from detour.errors import DetourError
-from detour.io import read_yaml_mapping
+from detour.io import ensure_output_dir, read_yaml_mapping
 
 BATCH_DOCS = 256
+
+# Long documents (see the module docstring). BYTES_PER_CHAR was measured: MiniLM's fast WordPiece
+# tokenizer on 3 MB of PubMed text in one piece peaks at 410 MB above the process's baseline.
+CUT_CHARS = 1_000_000
+PIECE_CHARS = 1 << 18
+BYTES_PER_CHAR = 140
+SEAM_WINDOW = 2_000      # characters each side of a candidate cut that are tokenized to check it
+SEAM_FAILURES = 64       # candidate cuts rejected in one document before the rest stays in one piece
+
+# What a `detour prepare` run writes inside a source folder (ShardWriter and its manifest's temporary).
+_SOURCE_FILE = re.compile(r"manifest\.json(\.tmp)?|offsets\.bin|tokens-\d{5,}\.bin")
 
 # The tokenizer a worker encodes with: set in the parent before forking (inherited for free) or
 # loaded by `_init_worker` under the spawn start method.
 _ENCODER = None
-_SUFFIX: list[int] = []
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blank-line-docs", action="store_true",
                         help=".txt sources: documents are separated by blank lines (default: one per line)")
     parser.add_argument("--spec", help="YAML data spec listing the sources (see this module's docstring)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing prepared folder")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the output of an earlier `detour prepare` (never any other folder)")
     parser.add_argument("--batch-docs", type=int, default=BATCH_DOCS, help=argparse.SUPPRESS)
 
 
@@ -113,45 +139,204 @@ def _names(sources: list[tuple[Source, str | None]]) -> list[str]:
     return names
 
 
-def _init_worker(tokenizer_name: str, suffix: list[int]) -> None:
-    global _ENCODER, _SUFFIX
+def _init_worker(tokenizer_name: str, policy: dict) -> None:
+    global _ENCODER
     if _ENCODER is None:
-        _ENCODER = _make_encoder(tokenize.load_tokenizer(tokenizer_name))
-    _SUFFIX = suffix
+        _ENCODER = _Encoder(tokenize.load_tokenizer(tokenizer_name), policy)
 
 
-def _make_encoder(tokenizer):
+# Parts of a fast tokenizer whose effect on a character depends only on the characters near it (and
+# on the ends of the string, which the check of each cut covers); with a model that encodes each
+# pre-token on its own, equal pre-tokens on both sides of a cut give equal ids.
+_LOCAL_NORMALIZERS = {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "Strip",
+                      "Nmt", "Precompiled", "Prepend", "ByteLevel"}
+_LOCAL_PRE_TOKENIZERS = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "ByteLevel", "Metaspace",
+                         "Punctuation", "Digits", "CharDelimiterSplit", "UnicodeScripts"}
+_PRE_TOKEN_MODELS = {"WordPiece", "BPE", "Unigram", "WordLevel"}
+_PAIRLESS_POST_PROCESSORS = {"BertProcessing", "RobertaProcessing", "TemplateProcessing", "ByteLevel"}
+# Regular expressions that match runs of spaces only (or spaces at the ends of the text), as
+# transformers' converters write them for SentencePiece models (XLM-R, CamemBERT, T5...).
+_LOCAL_REGEXES = {" {2,}", r"\s+", r"\A +| +\z"}
+
+
+def _not_local(part: dict | None, allowed: set[str], children: str) -> str | None:
+    """Why a normalizer or pre-tokenizer (its tokenizer.json entry) may act across a cut, or None."""
+    if part is None:
+        return None
+    kind = part.get("type")
+    if kind == "Sequence":
+        return next(filter(None, (_not_local(p, allowed, children) for p in part.get(children, []))), None)
+    pattern = part.get("pattern") or {}
+    if kind in ("Replace", "Split") and ("String" in pattern or pattern.get("Regex") in _LOCAL_REGEXES):
+        return None  # a literal pattern (or a run of spaces) reaches only as far as its own length
+    if kind == "ByteLevel" and part.get("use_regex") is False:
+        return "its ByteLevel pre-tokenizer does not split the text"
+    if kind not in allowed:
+        return f"its {kind} step may act across a cut"
+    return None
+
+
+def _cut_blocker(tokenizer) -> str | None:
+    """Why this tokenizer's documents cannot be cut into exactly equivalent pieces, or None."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:  # a slow (pure Python) tokenizer
-        return lambda texts: tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-    # Some tokenizer.json files carry a truncation setting: it must never cut a document.
-    backend.no_truncation()
-    backend.no_padding()
-    return lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=True)]
+    if backend is None:
+        return "the tokenizer is a slow (Python) one"
+    state = json.loads(backend.to_str())
+    if state.get("pre_tokenizer") is None:
+        return "the tokenizer has no pre-tokenizer, so its model sees the whole text at once"
+    if (state.get("model") or {}).get("type") not in _PRE_TOKEN_MODELS:
+        return f"its {state.get('model', {}).get('type')} model is not one that encodes pre-tokens one by one"
+    post = state.get("post_processor")
+    posts = post.get("processors", []) if post and post.get("type") == "Sequence" else [post] if post else []
+    odd = [p.get("type") for p in posts if p.get("type") not in _PAIRLESS_POST_PROCESSORS]
+    if odd:
+        return f"its {odd[0]} post-processor is not a plain wrapper with special tokens"
+    return (_not_local(state.get("normalizer"), _LOCAL_NORMALIZERS, "normalizers")
+            or _not_local(state.get("pre_tokenizer"), _LOCAL_PRE_TOKENIZERS, "pretokenizers"))
 
 
-def _encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    encoded = _ENCODER(texts)
-    if _SUFFIX:
-        encoded = [ids + _SUFFIX for ids in encoded]
-    lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
-    return np.concatenate([np.asarray(ids, dtype=np.uint32) for ids in encoded]), lengths
+_CANDIDATE_CUT = re.compile(r"(?<=\S)\s")  # the first whitespace after a word
 
 
-def _batches(source: Source, batch_docs: int, counts: dict):
-    """Stripped non-empty texts in batches; counts skipped documents as it goes."""
+class _Encoder:
+    """Token ids of documents: ordinary ones in batches, very long ones piece by piece.
+
+    Every document becomes prefix + text ids + suffix, the tokenizer's own special tokens (or its
+    EOS appended, see `tokenize.separator_policy`).
+    """
+
+    def __init__(self, tokenizer, policy: dict):
+        self.tokenizer = tokenizer
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)
+        if self.backend is not None:
+            # Some tokenizer.json files carry a truncation setting: it must never cut a document.
+            self.backend.no_truncation()
+            self.backend.no_padding()
+        self.prefix = list(policy["prefix_ids"])
+        self.suffix = list(policy["suffix_ids"])
+        # A tokenizer that adds no closing token gets its EOS appended by us (`separator_policy`).
+        self.eos = self.suffix if policy["append_eos"] else []
+        self.own_suffix = [] if policy["append_eos"] else self.suffix
+        self.cut_blocker = _cut_blocker(tokenizer)
+        if self.cut_blocker is None:
+            self.added = sorted({t.content for t in self.backend.get_added_tokens_decoder().values()})
+            norm, pre = self.backend.normalizer, self.backend.pre_tokenizer
+            self._normalize = norm.normalize_str if norm is not None else (lambda text: text)
+            self._pre_tokenize = pre.pre_tokenize_str
+
+    def _batch(self, texts: list[str]) -> list[list[int]]:
+        if self.backend is None:
+            return self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=True)]
+
+    def _ids(self, text: str, special: bool = False) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=special).ids
+
+    def encode(self, docs: list) -> tuple[np.ndarray, np.ndarray]:
+        """Concatenated ids and lengths of `docs` (texts, or tuples of pieces from `cut`)."""
+        texts = [d for d in docs if isinstance(d, str)]
+        whole = iter(self._batch(texts) if texts else [])
+        arrays = []
+        for doc in docs:
+            if isinstance(doc, str):
+                arrays.append(np.asarray(next(whole) + self.eos, dtype=np.uint32))
+            else:  # each piece's ids become a compact array at once: memory stays that of one piece
+                parts = [np.asarray(self._ids(piece), dtype=np.uint32) for piece in doc]
+                arrays.append(np.concatenate([np.asarray(self.prefix, dtype=np.uint32), *parts,
+                                              np.asarray(self.suffix, dtype=np.uint32)]))
+        lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        return np.concatenate(arrays), lengths
+
+    def _exact_cut(self, text: str, k: int) -> bool:
+        """Whether cutting `text` before position k leaves the ids unchanged.
+
+        Checked on a window around k: no added token (e.g. "[SEP]" written in the text) nearby, the
+        normalized pre-tokens of the window equal those of its two halves (so the model, which
+        encodes pre-tokens one by one, sees the same ones), and so do the ids, with and without
+        the special tokens the post-processor adds around them.
+        """
+        a, b = max(0, k - SEAM_WINDOW), min(len(text), k + SEAM_WINDOW)
+        window, left, right = text[a:b], text[a:k], text[k:b]
+        low, normalized = window.lower(), self._normalize(window)
+        if any(t.lower() in low or t in normalized for t in self.added):
+            return False
+
+        def pieces(part: str) -> list[str]:
+            return [p for p, _ in self._pre_tokenize(self._normalize(part))]
+
+        if pieces(window) != pieces(left) + pieces(right):
+            return False
+        ids = self._ids(window)
+        if ids != self._ids(left) + self._ids(right):
+            return False
+        return self._ids(window, special=True) == self.prefix + ids + self.own_suffix
+
+    def _next_cut(self, text: str, target: int, budget: int) -> tuple[int | None, int]:
+        """The first exact cut at or after `target` among `budget` candidates, and how many failed."""
+        failed = 0
+        for m in _CANDIDATE_CUT.finditer(text, target):
+            if self._exact_cut(text, m.start()):
+                return m.start(), failed
+            failed += 1
+            if failed == budget:
+                break
+        return None, failed
+
+    def cut(self, text: str) -> tuple[list[str], str | None]:
+        """`text` in pieces of about PIECE_CHARS whose ids, joined, are those of `text`.
+
+        Returns the pieces and, when some piece had to stay longer than CUT_CHARS, why.
+        """
+        if self.cut_blocker is not None:
+            return [text], self.cut_blocker
+        pieces, start, target, failures = [], 0, PIECE_CHARS, 0
+        while len(text) - start > PIECE_CHARS and failures < SEAM_FAILURES:
+            cut, failed = self._next_cut(text, target, min(8, SEAM_FAILURES - failures))
+            failures += failed
+            if cut is None:
+                if failed == 0:
+                    break  # no whitespace after `target`: nothing left to cut at
+                target += PIECE_CHARS  # a bad neighbourhood (added tokens, odd text): try further on
+                continue
+            pieces.append(text[start:cut])
+            start, target = cut, cut + PIECE_CHARS
+        pieces.append(text[start:])
+        if max(len(p) for p in pieces) <= CUT_CHARS:
+            return pieces, None
+        return pieces, "no place to cut it where the tokenizer gives the same ids (e.g. no whitespace)"
+
+
+def _batches(source: Source, batch_docs: int, counts: dict, encoder: _Encoder):
+    """Stripped non-empty documents in batches; counts skipped documents as it goes.
+
+    A document over CUT_CHARS is replaced by the tuple of its pieces (`_Encoder.cut`), with a
+    warning before it is encoded when a long stretch of it could not be cut.
+    """
     batch = []
-    for text in iter_texts(source):
+    for number, text in iter_documents(source):
         text = text.strip() if text is not None else ""
         if not text:
             counts["skipped"] += 1
             continue
+        if len(text) > CUT_CHARS:
+            pieces, why = encoder.cut(text)
+            if why is not None:
+                _warn_long_document(document_location(source, number), len(text), max(map(len, pieces)), why)
+            text = tuple(pieces) if len(pieces) > 1 else text
         batch.append(text)
         if len(batch) == batch_docs:
             yield batch
             batch = []
     if batch:
         yield batch
+
+
+def _warn_long_document(where: str, chars: int, stretch: int, why: str) -> None:
+    whole = "in one piece" if stretch == chars else f"partly in one piece of {stretch:,} characters"
+    print(f"warning: {where}: a document of {chars:,} characters is tokenized {whole} ({why}); that takes "
+          f"about {stretch * BYTES_PER_CHAR / 2**30:.1f} GiB of memory in one process. If it is really "
+          "several documents, put one a line (or separate them by blank lines with --blank-line-docs).",
+          file=sys.stderr)
 
 
 def _progress():
@@ -162,6 +347,10 @@ def _progress():
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                     TextColumn("{task.completed:,} docs  {task.fields[tokens]:,} tokens"),
                     TimeElapsedColumn(), console=console, disable=not console.is_terminal)
+
+
+def _encode(docs: list) -> tuple[np.ndarray, np.ndarray]:
+    return _ENCODER.encode(docs)
 
 
 def _write_source(source: Source, writer: ShardWriter, pool, batch_docs: int, progress, max_in_flight: int) -> int:
@@ -175,7 +364,7 @@ def _write_source(source: Source, writer: ShardWriter, pool, batch_docs: int, pr
         progress.update(task, advance=len(lengths), tokens=writer.num_tokens)
 
     pending: deque = deque()
-    for batch in _batches(source, batch_docs, counts):
+    for batch in _batches(source, batch_docs, counts, _ENCODER):
         if pool is None:
             consume(_encode(batch))
             continue
@@ -188,47 +377,120 @@ def _write_source(source: Source, writer: ShardWriter, pool, batch_docs: int, pr
     return counts["skipped"]
 
 
-def _check_out(out: Path, overwrite: bool) -> None:
+# ---- what prepare may replace or remove ----
+
+def _input_paths(sources: list[tuple[Source, str | None]], tokenizer_name: str, extra=()) -> list[Path]:
+    """The files and folders this command reads, resolved: nothing holding one may be removed."""
+    from detour.paths import resolve_model_ref
+
+    try:
+        tokenizer = resolve_model_ref(str(tokenizer_name))
+    except DetourError:
+        tokenizer = str(tokenizer_name)
+    candidates = [src.location for src, _ in sources if not src.synthetic] + [tokenizer, *extra]
+    return [Path(c).resolve() for c in candidates if c and Path(c).exists()]
+
+
+def _input_inside(folder: Path, inputs: list[Path]) -> Path | None:
+    folder = folder.resolve()
+    return next((p for p in inputs if p == folder or folder in p.parents), None)
+
+
+def _foreign_entry(folder: Path) -> Path | None:
+    """The first thing in `folder` that a `detour prepare` run does not write, or None.
+
+    prepare writes manifest.json and one folder per source holding only manifest.json,
+    offsets.bin and tokens-NNNNN.bin (plus manifest.json.tmp while writing a manifest).
+    """
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink():
+            return entry
+        if entry.is_file() and entry.name in ("manifest.json", "manifest.json.tmp"):
+            continue
+        if not entry.is_dir():
+            return entry
+        for inner in sorted(entry.iterdir()):
+            if inner.is_symlink() or not inner.is_file() or not _SOURCE_FILE.fullmatch(inner.name):
+                return inner
+    return None
+
+
+def _is_prepared(folder: Path) -> bool:
+    """Whether `folder` has the manifest.json of a `detour prepare` output (its "format" field)."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == CORPUS_FORMAT
+
+
+def _check_out(out: Path, overwrite: bool, inputs: list[Path]) -> None:
+    """Refuse an --out that prepare may not fill or replace, before any work; deletes nothing."""
+    if out.is_symlink():
+        raise DetourError(f"--out {out}: is a symbolic link (to {os.path.realpath(out)}); prepare replaces "
+                          "the folder itself, so give a real folder path")
     if not out.exists():
         return
     if not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")
-    if overwrite or not any(out.iterdir()):
-        return
-    if (out / "manifest.json").exists():
+    if os.path.ismount(out):
+        raise DetourError(f"--out {out}: is a mount point, which prepare cannot replace; give a new folder "
+                          f"inside it (e.g. {out / 'data'})")
+    held = _input_inside(out, inputs)
+    if held is not None:
+        raise DetourError(f"--out {out}: contains {held}, an input of this command; prepare never replaces "
+                          "a folder holding its inputs (choose a new --out)")
+    if _input_inside(out, [Path.cwd().resolve()]) is not None:
+        raise DetourError(f"--out {out}: is the current folder or holds it, which prepare cannot replace; "
+                          "give a new folder (e.g. --out data)")
+    if not any(out.iterdir()):
+        return  # an empty folder
+    if not _is_prepared(out):
+        raise DetourError(f"--out {out}: exists, is not empty and is not the output of `detour prepare` "
+                          f"(no manifest.json with \"format\": \"{CORPUS_FORMAT}\"); prepare writes into a new "
+                          "or empty folder, so choose another --out")
+    if not overwrite:
         raise DetourError(f"--out {out}: already holds a prepared corpus (use --overwrite to replace it)")
-    raise DetourError(f"--out {out}: exists and is not empty (use --overwrite to replace it)")
+    foreign = _foreign_entry(out)
+    if foreign is not None:
+        raise DetourError(f"--out {out}: holds {foreign}, which `detour prepare` did not write; refusing to "
+                          "replace the folder (move that elsewhere first, or choose another --out)")
 
 
 def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: Path, workers: int = 1,
-            overwrite: bool = False, batch_docs: int = BATCH_DOCS) -> dict:
-    """Tokenize `sources` into `out`; returns the manifest written."""
-    global _ENCODER, _SUFFIX
+            overwrite: bool = False, batch_docs: int = BATCH_DOCS, inputs=()) -> dict:
+    """Tokenize `sources` into `out`; returns the manifest written.
+
+    `inputs`: other paths the command reads (its YAML spec), protected like the sources.
+    """
+    global _ENCODER
     if workers < 1:
         raise DetourError(f"--workers must be >= 1, got {workers}")
     out = Path(out)
-    _check_out(out, overwrite)
+    protected = _input_paths(sources, tokenizer_name, inputs)
+    _check_out(out, overwrite, protected)
+    ensure_output_dir(out.parent, "--out (its parent folder)")
+    _remove_stale_temporaries(out, protected)
+    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():  # left in place above: it holds something prepare did not write
+        raise DetourError(f"{tmp}: exists and was not written by `detour prepare`; move it away and rerun")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per worker: N workers = N cores
     tokenizer = tokenize.load_tokenizer(tokenizer_name)
     policy = tokenize.separator_policy(tokenizer)
-    suffix = policy["suffix_ids"] if policy["append_eos"] else []
     dtype = token_dtype(tokenize.vocab_size(tokenizer))
     fingerprint = tokenize.tokenizer_fingerprint(tokenizer)
     for src, _ in sources:
         if src.synthetic:
             print(f"note: {src.spec} is SYNTHETIC clinical text (generated, not real data)", file=sys.stderr)
 
-    _remove_stale_temporaries(out)
-    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     pool = None
     try:
-        _ENCODER, _SUFFIX = _make_encoder(tokenizer), suffix
+        _ENCODER = _Encoder(tokenizer, policy)
         if workers > 1:
             methods = multiprocessing.get_all_start_methods()
             ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer_name, suffix))
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer_name, policy))
         entries = []
         with _progress() as progress:
             for (src, _), name in zip(sources, _names(sources)):
@@ -255,6 +517,8 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
             "seq_len_independent": True,
         }
         write_json(tmp / "manifest.json", top)
+        # --out was checked before the run; check again now that it is about to be replaced
+        _check_out(out, overwrite, protected)
         _commit(tmp, out)
         return top
     except BaseException:
@@ -264,21 +528,50 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
         if pool is not None:
             pool.terminate()
             pool.join()
-        _ENCODER, _SUFFIX = None, []
+        _ENCODER = None
 
 
-def _remove_stale_temporaries(out: Path) -> None:
-    """Delete DIR.tmp-<pid> folders left by killed runs (their process is gone)."""
+def _owner_running(pid: int, folder: Path) -> bool:
+    """Whether process `pid` is alive and could have written `folder` (it started before the folder's
+    last change; a later process only reuses the number of a dead one)."""
     import psutil
 
-    for tmp in out.parent.glob(f"{glob.escape(out.name)}.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
+    if pid == os.getpid():
+        return False  # this process runs one prepare into DIR at a time: the folder is a leftover
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        started = proc.create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+    return started <= folder.stat().st_mtime + 2.0  # create_time is rounded: give it slack
+
+
+def _remove_stale_temporaries(out: Path, inputs: list[Path]) -> None:
+    """Delete DIR.tmp-<pid> and DIR.old-<pid> folders left by killed runs (their process is gone).
+
+    Only folders named so and holding nothing but what prepare writes: anything else stays.
+    """
+    pattern = re.compile(re.escape(out.name) + r"\.(?:tmp|old)-(\d+)")
+    for folder in sorted(out.parent.glob(f"{glob.escape(out.name)}.*-*")):
+        m = pattern.fullmatch(folder.name)
+        if m is None or folder.is_symlink() or not folder.is_dir() or _owner_running(int(m.group(1)), folder):
+            continue
+        if _input_inside(folder, inputs) is not None or _foreign_entry(folder) is not None:
+            print(f"note: left {folder} in place: it looks like a leftover of an interrupted `detour prepare` "
+                  "but holds files prepare does not write", file=sys.stderr)
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"note: removed {folder}, left by an interrupted `detour prepare` (process {m.group(1)} is gone)",
+              file=sys.stderr)
 
 
 def _commit(tmp: Path, out: Path) -> None:
-    """Move the finished folder into place; an old one (emptied or --overwrite) is removed after."""
+    """Move the finished folder into place; an old one (empty, or a prepared corpus replaced with
+    --overwrite, both checked by `_check_out`) is removed after."""
     old = None
     if out.exists():
         old = out.parent / f"{out.name}.old-{os.getpid()}"
@@ -293,7 +586,8 @@ def run(args) -> int:
     tokenizer_name = args.tokenizer or spec_tokenizer
     if not tokenizer_name:
         raise DetourError("no tokenizer given (--tokenizer NAME_OR_FOLDER, or `tokenizer:` in the spec)")
-    manifest = prepare(sources, tokenizer_name, Path(args.out), args.workers, args.overwrite, args.batch_docs)
+    manifest = prepare(sources, tokenizer_name, Path(args.out), args.workers, args.overwrite, args.batch_docs,
+                       inputs=[args.spec] if args.spec else [])
     for s in manifest["sources"]:
         tag = "  [SYNTHETIC]" if s["synthetic"] else ""
         weight = "" if s["weight"] is None else f"  weight {s['weight']:g}"

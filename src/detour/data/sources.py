@@ -11,8 +11,10 @@ Source syntax (each may end in `:WEIGHT`, a positive number, for mixtures):
   synthetic:clinical?docs=N&seed=S&lang=en|fr    the SYNTHETIC clinical generator
 A weight is split off only if what follows the last ':' is a number and the whole argument is not an
 existing file, so `PATH:WEIGHT` stays unambiguous. Readers stream: memory does not grow with the
-corpus. They yield one text per document (None for a null field); `prepare` skips and counts the
-ones that are empty after stripping. Bad input raises DetourError naming the file and line.
+corpus. They yield one text per document (None for a null field) with where it starts (a line
+number in a text or JSONL file, a row index otherwise; `document_location` turns that into
+`path:line` or `path: row N`); `prepare` skips and counts the ones that are empty after stripping.
+Bad input raises DetourError naming the file and line.
 """
 
 from __future__ import annotations
@@ -122,11 +124,25 @@ def _is_saved_dataset(path: Path) -> bool:
     return path.is_dir() and any((path / f).exists() for f in ("dataset_info.json", "state.json", "dataset_dict.json"))
 
 
-def iter_texts(source: Source) -> Iterator[str | None]:
-    """Stream the documents of a source, in order."""
+def iter_documents(source: Source) -> Iterator[tuple[int, str | None]]:
+    """Stream (where it starts, text) for each document of a source, in order."""
     readers = {"text": _read_text, "jsonl": _read_jsonl, "parquet": _read_parquet,
                "hf-disk": _read_hf_disk, "hf-hub": _read_hf_hub, "synthetic": _read_synthetic}
     return readers[source.kind](source)
+
+
+def iter_texts(source: Source) -> Iterator[str | None]:
+    """Stream the documents of a source, in order."""
+    return (text for _, text in iter_documents(source))
+
+
+def document_location(source: Source, number: int) -> str:
+    """`path:line` for text and JSONL files (lines count from 1), `source: row N` otherwise (from 0)."""
+    if source.kind in ("text", "jsonl"):
+        return f"{source.location}:{number}"
+    if source.kind == "synthetic":
+        return f"{source.spec}: document {number}"
+    return f"{source.location}: row {number}"
 
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
@@ -146,20 +162,22 @@ def _lines(path: str) -> Iterator[tuple[int, str]]:
                                   f"{exc.start + 1})") from None
 
 
-def _read_text(source: Source) -> Iterator[str]:
+def _read_text(source: Source) -> Iterator[tuple[int, str]]:
     if not source.options.get("blank_line_docs"):
-        for _, line in _lines(source.location):
-            yield line
+        yield from _lines(source.location)
         return
     block: list[str] = []
-    for _, line in _lines(source.location):
+    first = 0
+    for number, line in _lines(source.location):
         if line.strip():
+            if not block:
+                first = number
             block.append(line)
         elif block:
-            yield "\n".join(block)
+            yield first, "\n".join(block)
             block = []
     if block:
-        yield "\n".join(block)
+        yield first, "\n".join(block)
 
 
 def _check_text(value, where: str, field_name: str) -> str | None:
@@ -168,7 +186,7 @@ def _check_text(value, where: str, field_name: str) -> str | None:
     raise DetourError(f"{where}: field {field_name!r} is {type(value).__name__}, expected a string")
 
 
-def _read_jsonl(source: Source) -> Iterator[str | None]:
+def _read_jsonl(source: Source) -> Iterator[tuple[int, str | None]]:
     field_name = source.options["text_field"]
     for number, line in _lines(source.location):
         if not line.strip():
@@ -183,10 +201,10 @@ def _read_jsonl(source: Source) -> Iterator[str | None]:
         if field_name not in record:
             raise DetourError(f"{where}: no field {field_name!r} (fields: {', '.join(sorted(record))}; "
                               "choose one with --text-field)")
-        yield _check_text(record[field_name], where, field_name)
+        yield number, _check_text(record[field_name], where, field_name)
 
 
-def _read_parquet(source: Source) -> Iterator[str | None]:
+def _read_parquet(source: Source) -> Iterator[tuple[int, str | None]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -202,21 +220,24 @@ def _read_parquet(source: Source) -> Iterator[str | None]:
     kind = pf.schema_arrow.field(field_name).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise DetourError(f"{source.location}: column {field_name!r} is {kind}, expected strings")
+    row = 0
     for batch in pf.iter_batches(batch_size=1024, columns=[field_name]):
-        yield from batch.column(0).to_pylist()
+        for text in batch.column(0).to_pylist():
+            yield row, text
+            row += 1
 
 
-def _rows(dataset, where: str, field_name: str, columns) -> Iterator[str | None]:
+def _rows(dataset, where: str, field_name: str, columns) -> Iterator[tuple[int, str | None]]:
     if columns is not None and field_name not in columns:
         raise DetourError(f"{where}: no column {field_name!r} (columns: {', '.join(columns)}; "
                           "choose one with --text-field or ?field=)")
     for row, record in enumerate(dataset):
         if field_name not in record:
             raise DetourError(f"{where}: row {row} has no field {field_name!r}")
-        yield _check_text(record[field_name], f"{where}: row {row}", field_name)
+        yield row, _check_text(record[field_name], f"{where}: row {row}", field_name)
 
 
-def _read_hf_disk(source: Source) -> Iterator[str | None]:
+def _read_hf_disk(source: Source) -> Iterator[tuple[int, str | None]]:
     import datasets
 
     try:
@@ -235,7 +256,7 @@ def _read_hf_disk(source: Source) -> Iterator[str | None]:
     yield from _rows(dataset, source.location, field_name, dataset.column_names)
 
 
-def _read_hf_hub(source: Source) -> Iterator[str | None]:
+def _read_hf_hub(source: Source) -> Iterator[tuple[int, str | None]]:
     import datasets
 
     opts = source.options
@@ -249,11 +270,11 @@ def _read_hf_hub(source: Source) -> Iterator[str | None]:
     yield from _rows(dataset, f"hf:{source.location}", opts["text_field"], columns)
 
 
-def _read_synthetic(source: Source) -> Iterator[str]:
+def _read_synthetic(source: Source) -> Iterator[tuple[int, str]]:
     from detour.data.synthetic import generate_documents
 
     o = source.options
-    yield from generate_documents(o["docs"], o["seed"], o["lang"])
+    yield from enumerate(generate_documents(o["docs"], o["seed"], o["lang"]))
 
 
 if __name__ == "__main__":

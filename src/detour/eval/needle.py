@@ -37,7 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from detour.errors import DetourError
-from detour.io import atomic_write
+from detour.io import atomic_write, ensure_output_dir
 from detour.eval.needle_haystack import Haystacks, Pair, make_pairs, read_haystack
 from detour.eval.needle_templates import TEMPLATES
 
@@ -203,14 +203,15 @@ def plot(result: dict, path: Path) -> None:
 
 def needle(model_path: str, preset: Preset, lang: str, haystack: str, out: Path, seed: int = 0,
            linear: bool = False, device: str | None = None) -> dict:
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
     if lang not in TEMPLATES:
         raise DetourError(f"--lang {lang!r}: choose from {', '.join(TEMPLATES)}")
     bad = [p for p in preset.positions if p not in POSITIONS]
     if bad or not preset.lengths or preset.pairs < 2 * len(preset.lengths) * len(preset.positions):
         raise DetourError(f"preset: positions must be among {POSITIONS} and pairs at least 2 per length x position cell")
+    out = ensure_output_dir(out)  # a file or read-only --out fails now, not after the encoder ran
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
     t0 = time.time()
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -243,7 +244,6 @@ def needle(model_path: str, preset: Preset, lang: str, haystack: str, out: Path,
         "timings": {"pairs_s": round(t_pairs - t0, 2), "encode_s": round(t_feats - t_pairs, 2),
                     "probe_s": round(time.time() - t_feats, 2)},
     }
-    out.mkdir(parents=True, exist_ok=True)
     plot(result, out / "needle.png")
     atomic_write(out / "needle.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=2), encoding="utf-8"))
     return result
