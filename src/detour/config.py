@@ -255,9 +255,12 @@ class Recipe(_Strict):
         seqs = self.sequences_per_step()
         per_rank, rem = divmod(seqs, world_size * self.batch.micro_batch)
         if rem or per_rank == 0:
+            fits = [m for m in range(self.batch.micro_batch, 0, -1) if seqs % (world_size * m) == 0]
+            hint = (f"e.g. --set batch.micro_batch={fits[0]}" if fits else
+                    f"batch.global_sequences must be a multiple of the {world_size} process(es)")
             raise DetourError(
                 f"batch: {seqs} sequences per step do not split into micro_batch={self.batch.micro_batch} "
-                f"x {world_size} process(es); choose batch sizes so they divide"
+                f"x {world_size} process(es); {hint}"
             )
         return per_rank
 

@@ -1,6 +1,7 @@
 """Data parallelism under torchrun: one process per device, one shared token stream.
 
-    torchrun --nproc-per-node 2 -m detour.cli train recipes/tiny-modernbert.yaml --out runs/ddp
+    torchrun --nproc-per-node 2 -m detour.cli train recipes/tiny-modernbert.yaml --out runs/ddp \
+        --set batch.micro_batch=4   # 8 sequences a step = 2 processes x 4
 
 Each rank reads a disjoint slice of the same global stream (see detour.data.packing), runs its
 micro-batches, and the gradients are summed across ranks once per optimizer step, after
