@@ -64,3 +64,13 @@ def test_baseline_twin_differs_in_phase_one_objective_only():
     a["phases"][0].update(objective=None, mask_rate=None)
     b["phases"][0].update(objective=None, mask_rate=None)
     assert a == b
+
+
+def test_a_batch_that_does_not_split_says_which_micro_batch_does(tiny_recipe):
+    from detour.errors import DetourError
+
+    recipe = tiny_recipe("batch.global_sequences=8", "batch.micro_batch=8")
+    with pytest.raises(DetourError, match=r"8 sequences per step do not split into micro_batch=8 x 2 process\(es\); "
+                                          r"e\.g\. --set batch\.micro_batch=4"):
+        recipe.grad_accumulation(2)
+    assert recipe.grad_accumulation(1) == 1
