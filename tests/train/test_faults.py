@@ -212,3 +212,23 @@ def test_a_real_full_disk_then_space_back_resumes_bit_identical(tiny_recipe_modu
     subprocess.run(["mount", "-o", "remount,size=300m", str(small_filesystem)], check=True)
     train(tiny_recipe_module(*SETS), out, resume=True, progress=False)
     assert _final(out) == _final(reference)
+
+
+def test_sigterm_during_the_final_export_lets_it_finish(tiny_recipe_module, reference, tmp_path, monkeypatch,
+                                                       capsys):
+    from detour.model import export as export_module
+
+    real_export = export_module.export_hf
+
+    def export_with_a_sigterm(model, tokenizer, folder, card):
+        if folder.name == "model":  # the final export: the wall-time kill arrives now
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_export(model, tokenizer, folder, card)
+
+    out = _crashed_copy(reference, tmp_path / "run", keep_steps=13)
+    (out / "checkpoints" / ".tmp-step-00000014").mkdir()  # a checkpoint a kill cut short
+    monkeypatch.setattr(export_module, "export_hf", export_with_a_sigterm)
+    result = train(tiny_recipe_module(*SETS), out, resume=True, progress=False)
+    assert result.summary and (out / "summary.json").is_file()
+    assert not list(out.glob("model.tmp-*")) and _final(out) == _final(reference)
+    assert "removed" in capsys.readouterr().err and not (out / "checkpoints" / ".tmp-step-00000014").exists()

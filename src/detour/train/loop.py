@@ -377,6 +377,9 @@ def _start_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for line in clean_export_leftovers(out):
         print(f"detour: {line} (left by an interrupted export)", file=sys.stderr)
+    for stale in sorted((out / "checkpoints").glob(".tmp-step-*")):  # a checkpoint a kill cut short
+        shutil.rmtree(stale)
+        print(f"detour: removed {stale} (an unfinished checkpoint)", file=sys.stderr)
     if not resume or not checkpoint_folders(out / "checkpoints"):
         (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh start: no stale records
     write_json(out / "recipe.json", recipe_to_dict(recipe))
