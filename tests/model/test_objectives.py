@@ -206,3 +206,23 @@ def test_mlm_loss_equals_the_stock_masked_lm_loss_on_one_document(models, kind):
         stock = model(input_ids=inputs, labels=labels).loss
     assert ours.n_labels == int((labels != -100).sum()) > 10
     assert ours.loss_sum.item() / ours.n_labels == pytest.approx(stock.item(), rel=1e-5)
+
+
+def test_added_special_tokens_are_never_masked(minilm, tmp_path):
+    from transformers import AutoTokenizer
+
+    from detour.model.load import load_mlm_model, tiny_modernbert_config
+    from detour.model.objectives import mlm_loss
+
+    tok = AutoTokenizer.from_pretrained(minilm)
+    tok.add_special_tokens({"additional_special_tokens": ["[NOTE]"]})
+    tok.save_pretrained(tmp_path / "tok")
+    note = tok.convert_tokens_to_ids("[NOTE]")
+    model, _ = load_mlm_model(None, config=tiny_modernbert_config(), tokenizer=tmp_path / "tok")
+    assert note in model.never_mask_ids and model.config.vocab_size == len(tok)
+    ids = torch.tensor([[101] + [note, 2000] * 30 + [102]])
+    batch = {"input_ids": ids, "doc_ids": torch.zeros_like(ids), "position_ids": torch.arange(ids.shape[1])[None],
+             "attention_mask": torch.ones_like(ids), "seq_index": torch.tensor([0])}
+    out = mlm_loss(model, batch, 0.99, mask_key="17/decay")
+    labelled = ids[out.labels != -100]
+    assert len(labelled) > 20 and not (labelled == note).any() and not (labelled == 101).any()

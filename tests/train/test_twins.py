@@ -16,8 +16,13 @@ def test_twins_same_stream_and_loadable_exports(tiny_recipe, tmp_path):
     report = run_twins(tiny_recipe(), tmp_path, progress=False)
     saved = json.loads((tmp_path / "twins.json").read_text())
     assert saved == json.loads(json.dumps(report))
-    assert report["checks"] == {"tokens_equal": True, "stream_hashes_equal": True}
+    assert report["checks"] == {"tokens_equal": True, "stream_hashes_equal": True, "mlm_masks_equal": True}
     detour_arm, baseline = report["arms"]["detour"], report["arms"]["baseline"]
+    # the decay is the same experiment in both arms: the same positions masked in the same tokens,
+    # although the baseline's Phase 1 drew masks and the detour's did not
+    assert detour_arm["phases"]["decay"]["mask_hash"] == baseline["phases"]["decay"]["mask_hash"] is not None
+    assert detour_arm["phases"]["clm"]["mask_hash"] is None and baseline["phases"]["clm"]["mask_hash"]
+    assert report["stream_vs_detour"]["baseline"] == {"clm": "equal", "decay": "equal, same masks"}
     assert detour_arm["phases"]["clm"]["objective"] == "clm"
     assert baseline["phases"]["clm"]["objective"] == "mlm" and baseline["phases"]["clm"]["mask_rate"] == 0.30
     assert detour_arm["phases"]["clm"]["stream_hash"] == baseline["phases"]["clm"]["stream_hash"] != ""
@@ -68,11 +73,12 @@ def test_study_arms_freeze_branch_and_share_the_stream(tiny_recipe, tmp_path, ca
     report = json.loads((tmp_path / "twins.json").read_text())
     assert list(report["arms"]) == ["detour", "baseline", "freeze-low-clm", "freeze-low-decay", "decay-short",
                                     "baseline-seed2"]
-    assert report["checks"] == {"tokens_equal": True, "stream_hashes_equal": True}
+    assert report["checks"] == {"tokens_equal": True, "stream_hashes_equal": True, "mlm_masks_equal": True}
     assert report["layer_groups"] == "low 0, mid 1, late 2 (of 3 layers)"
     vs = report["stream_vs_detour"]
-    for arm in ("baseline", "freeze-low-clm", "freeze-low-decay", "baseline-seed2"):
-        assert vs[arm] == {"clm": "equal", "decay": "equal"}, arm
+    for arm in ("baseline", "freeze-low-clm", "freeze-low-decay"):
+        assert vs[arm] == {"clm": "equal", "decay": "equal, same masks"}, arm
+    assert vs["baseline-seed2"] == {"clm": "equal", "decay": "equal"}  # another seed: other masks, by design
     assert vs["decay-short"] == {"clm": "equal", "decay": "budget differs"}
     # arms that share Phase 1 with the detour branch from its checkpoint; the others start from scratch
     arms_out = report["arms"]

@@ -26,7 +26,7 @@ import numpy as np
 from detour.data.shards import PreparedCorpus, open_prepared, read_manifest
 from detour.errors import DetourError
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2 adds the global sequence count (version-1 states load, see load_state_dict)
 
 
 @dataclass
@@ -34,6 +34,7 @@ class PackedSequence:
     input_ids: np.ndarray     # int64 [L]
     doc_ids: np.ndarray       # int64 [L], segment index within this sequence: 0, 1, 2, ...
     position_ids: np.ndarray  # int64 [L], 0 at each document start and at the sequence start
+    index: int = -1           # position of this sequence in the global stream (all ranks): 0, 1, 2, ...
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -87,6 +88,7 @@ class PackedStream:
         self._emitted = [0] * len(self.corpora)
         self._current: tuple[int, int, int] | None = None  # (source, document, tokens already taken)
         self.tokens_consumed = 0  # global, all ranks together
+        self.sequences_consumed = 0  # global: the next sequence of rank r has index sequences_consumed + r
 
     @classmethod
     def from_paths(cls, paths_and_weights: list[tuple[str, float | None]], seq_len: int, seed: int,
@@ -162,7 +164,12 @@ class PackedStream:
         pieces = self._take(length)
         self._take((self.world_size - self.rank - 1) * length)
         self.tokens_consumed += self.world_size * length
-        return self._materialise(pieces)
+        sequence = self._materialise(pieces)
+        # The same tokens get the same index on any number of processes: rank r of world w takes the
+        # (c*w + r)-th sequence of the one global stream at its c-th call.
+        sequence.index = self.sequences_consumed + self.rank
+        self.sequences_consumed += self.world_size
+        return sequence
 
     def _materialise(self, pieces: list[tuple[int, int, int, int]]) -> PackedSequence:
         input_ids = np.concatenate([self.corpora[s].document(d)[a:b] for s, d, a, b in pieces]).astype(np.int64)
@@ -190,10 +197,11 @@ class PackedStream:
             "emitted": list(self._emitted),
             "current": None if self._current is None else list(self._current),
             "tokens_consumed": self.tokens_consumed,
+            "sequences_consumed": self.sequences_consumed,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("version") != STATE_VERSION:
+        if state.get("version") not in (1, STATE_VERSION):
             raise DetourError(f"sampler state version {state.get('version')!r} is not {STATE_VERSION}")
         mine = self.state_dict()
         for key in ("seed", "sources", "documents", "weighted"):
@@ -205,6 +213,8 @@ class PackedStream:
         self._emitted = [int(x) for x in state["emitted"]]
         self._current = None if state["current"] is None else tuple(int(x) for x in state["current"])
         self.tokens_consumed = int(state["tokens_consumed"])
+        # Version 1 did not count sequences; every sequence but a phase's last one is full length.
+        self.sequences_consumed = int(state.get("sequences_consumed", -(-self.tokens_consumed // self.seq_len)))
 
 
 def collate(seqs: list[PackedSequence], pad_id: int) -> dict:
@@ -217,6 +227,7 @@ def collate(seqs: list[PackedSequence], pad_id: int) -> dict:
         "doc_ids": torch.full((len(seqs), width), -1, dtype=torch.long),
         "position_ids": torch.zeros((len(seqs), width), dtype=torch.long),
         "attention_mask": torch.zeros((len(seqs), width), dtype=torch.long),
+        "seq_index": torch.tensor([s.index for s in seqs], dtype=torch.long),
     }
     for i, s in enumerate(seqs):
         n = len(s)

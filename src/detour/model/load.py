@@ -163,6 +163,7 @@ def load_mlm_model(
         tok = _load_tokenizer(tokenizer if tokenizer is not None else source, trust_remote_code)
         model = _load_pretrained(source, attn_implementation, trust_remote_code, seed)
     _special_ids_into_config(model.config, tok)
+    model.never_mask_ids = special_token_ids(tok)  # added special tokens too; MLM never masks them
     model.config.is_decoder = False
     return model, tok
 

@@ -13,6 +13,7 @@ global batch, so CLM and MLM steps weigh tokens alike.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ CHUNK_SIZE = 1024
 class LossOutput:
     loss_sum: torch.Tensor  # scalar: sum of token losses
     n_labels: int  # label tokens in this micro-batch
+    labels: torch.Tensor | None = None  # MLM: the labels drawn (IGNORE where not masked), for the mask hash
 
 
 def model_position_ids(model, batch: dict) -> torch.Tensor:
@@ -121,23 +123,67 @@ def mlm_masking(
     return inputs, labels
 
 
-def mlm_loss(model, batch: dict, mask_rate: float, generator: torch.Generator) -> LossOutput:
-    """Masked-LM loss, bidirectional document-isolated attention, head on masked rows only."""
+def sequence_generator(mask_key: str, index: int) -> torch.Generator:
+    """The generator of one sequence's masks: a pure function of the key (seed/phase) and its stream index."""
+    digest = hashlib.sha256(f"{mask_key}/{int(index)}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+
+
+def stream_masking(input_ids: torch.Tensor, maskable: torch.Tensor, lengths: torch.Tensor, indices: torch.Tensor,
+                   mask_rate: float, mask_key: str, mask_token_id: int,
+                   random_pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`mlm_masking` with each row's draws from its own generator (`sequence_generator`).
+
+    Row i draws exactly `lengths[i]` values per draw (its real tokens, not the batch's padded
+    width), so a sequence's masks are the same whatever it is batched with: any micro-batch, any
+    number of processes, any resume, and in both twins (same seed, phase and stream).
+    """
+    inputs, labels = input_ids.clone(), torch.full_like(input_ids, IGNORE)
+    for row in range(input_ids.shape[0]):
+        n = int(lengths[row])
+        if n == 0:
+            continue
+        gen = sequence_generator(mask_key, int(indices[row]))
+        row_inputs, row_labels = mlm_masking(input_ids[row:row + 1, :n], maskable[row:row + 1, :n], mask_rate, gen,
+                                             mask_token_id, random_pool)
+        inputs[row, :n], labels[row, :n] = row_inputs[0], row_labels[0]
+    return inputs, labels
+
+
+def never_masked_ids(model) -> list[int]:
+    """Every special id of the model's tokenizer (added ones included), else those its config records."""
+    return getattr(model, "never_mask_ids", None) or config_special_ids(model.config)
+
+
+def mlm_loss(model, batch: dict, mask_rate: float, generator: torch.Generator | None = None,
+             mask_key: str | None = None) -> LossOutput:
+    """Masked-LM loss, bidirectional document-isolated attention, head on masked rows only.
+
+    With `mask_key` (training: "seed/phase") each sequence's masks depend only on the key and its
+    index in the stream (`batch["seq_index"]`); otherwise they are drawn from `generator`.
+    """
     config = model.config
     if getattr(config, "mask_token_id", None) is None:
         raise DetourError("MLM needs a mask token: load the model with detour.model.load.load_mlm_model")
     input_ids = batch["input_ids"]
-    special = torch.tensor(config_special_ids(config), dtype=input_ids.dtype)
+    special = torch.tensor(never_masked_ids(model), dtype=input_ids.dtype)
     maskable = (batch["doc_ids"] >= 0) & ~torch.isin(input_ids, special.to(input_ids.device))
     if "attention_mask" in batch:
         maskable &= batch["attention_mask"].bool()
     vocab = torch.arange(config.vocab_size)
     random_pool = vocab[~torch.isin(vocab, special)]
-    inputs, labels = mlm_masking(input_ids, maskable, mask_rate, generator, config.mask_token_id, random_pool)
+    if mask_key is not None:
+        if "seq_index" not in batch:
+            raise DetourError("stream masks need each sequence's stream index (collate's seq_index)")
+        lengths = (batch["attention_mask"] if "attention_mask" in batch else batch["doc_ids"] >= 0).sum(dim=1)
+        inputs, labels = stream_masking(input_ids, maskable, lengths.cpu(), batch["seq_index"].cpu(), mask_rate,
+                                        mask_key, config.mask_token_id, random_pool)
+    else:
+        inputs, labels = mlm_masking(input_ids, maskable, mask_rate, generator, config.mask_token_id, random_pool)
     hidden = encode(model, batch, causal=False, input_ids=inputs).last_hidden_state
     keep = labels != IGNORE
     loss_sum = head_loss_sum(model, hidden[keep], labels[keep])
-    return LossOutput(loss_sum=loss_sum, n_labels=int(keep.sum()))
+    return LossOutput(loss_sum=loss_sum, n_labels=int(keep.sum()), labels=labels)
 
 
 def objective_loss(model, batch: dict, objective: str, mask_rate: float | None, generator) -> LossOutput:

@@ -57,6 +57,14 @@ class World:
         dist.all_gather_object(gathered, local)
         return hashlib.sha256("".join(gathered).encode()).hexdigest()
 
+    def gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order (a list of one on a single process)."""
+        if self.size == 1:
+            return [obj]
+        gathered: list = [None] * self.size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
     def barrier(self) -> None:
         if self.size > 1:
             dist.barrier()

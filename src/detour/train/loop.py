@@ -179,6 +179,7 @@ def train_step(model, optimizer, stream: PackedStream, recipe: Recipe, phase: Ph
     record["stream_hash"] = _chain_hash(record["stream_hash"], sequences, world)
     model.train()
     loss_sum, n_labels, padding = 0.0, 0, 0
+    masked: dict[int, bytes] = {}  # stream index -> its masked positions, for the phase's mask hash
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     for i in range(0, len(sequences), recipe.batch.micro_batch):
         batch = collate(sequences[i:i + recipe.batch.micro_batch], pad_id)
@@ -188,10 +189,13 @@ def train_step(model, optimizer, stream: PackedStream, recipe: Recipe, phase: Ph
             if phase.objective == "clm":
                 out = clm_loss(model, batch, chunk_size=recipe.clm_chunk_size)
             else:
-                out = mlm_loss(model, batch, phase.mask_rate, generator)
+                out = mlm_loss(model, batch, phase.mask_rate, mask_key=mask_key(recipe, phase))
+                masked.update(_masked_positions(batch, out.labels))
         out.loss_sum.backward()  # summed, not averaged: normalised once below by the global label count
         loss_sum += float(out.loss_sum.detach())
         n_labels += int(out.n_labels)
+    if phase.objective == "mlm":
+        record["mask_hash"] = _chain_masks(record.get("mask_hash", ""), masked, world)
     loss_sum, n_labels, padding = world.sum([loss_sum, n_labels, padding])
     n_labels, padding = max(int(n_labels), 1), int(padding)
     if not math.isfinite(loss_sum):
@@ -220,6 +224,32 @@ def train_step(model, optimizer, stream: PackedStream, recipe: Recipe, phase: Ph
 def _phase_record(phase: PhaseSpec) -> dict[str, Any]:
     return {"objective": phase.objective, "mask_rate": phase.mask_rate, "budget": phase.tokens, "tokens": 0,
             "stream_hash": "", "recent_losses": []}
+
+
+def mask_key(recipe: Recipe, phase: PhaseSpec) -> str:
+    """What a sequence's MLM masks depend on, besides its index in the stream: the seed and the phase.
+
+    The twins share both in their decay, so they mask the same positions of the same tokens there.
+    """
+    return f"{recipe.seed}/{phase.name}"
+
+
+def _masked_positions(batch: dict, labels) -> dict[int, bytes]:
+    real = labels != -100
+    return {int(i): real[row].nonzero().flatten().cpu().numpy().astype("<i8").tobytes()
+            for row, i in enumerate(batch["seq_index"].tolist())}
+
+
+def _chain_masks(previous: str, masked: dict[int, bytes], world: World) -> str:
+    """Hash of every masked position of the phase, in stream order, chained like the stream hash.
+
+    Each rank's sequences are merged by stream index first, so the hash is the same on any number
+    of processes and any micro-batch.
+    """
+    local = {i: hashlib.sha256(positions).hexdigest() for i, positions in masked.items()}
+    merged = {i: d for part in world.gather(local) for i, d in part.items()}
+    step = hashlib.sha256("".join(f"{i}:{merged[i]};" for i in sorted(merged)).encode()).hexdigest()
+    return hashlib.sha256((previous + step).encode()).hexdigest()
 
 
 def _chain_hash(previous: str, sequences, world: World) -> str:
@@ -314,10 +344,10 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
     for p in recipe.phases:
         r = state["phases"][p.name]
         phases[p.name] = {"objective": r["objective"], "mask_rate": r["mask_rate"], "tokens": r["tokens"],
-                          "budget": r["budget"], "stream_hash": r["stream_hash"],
+                          "budget": r["budget"], "stream_hash": r["stream_hash"], "mask_hash": r.get("mask_hash"),
                           "final_loss": _final_loss(r), "last_loss": r["recent_losses"][-1]}
     synthetic = any(_describe_source(s.path, s.weight).get("synthetic") for s in recipe.data.sources)
-    summary = {"recipe": recipe.name, "model": str(final), "synthetic_data": synthetic,
+    summary = {"recipe": recipe.name, "seed": recipe.seed, "model": str(final), "synthetic_data": synthetic,
                "global_steps": state["global_step"], "global_tokens": state["global_tokens"], "phases": phases}
     if state.get("branch"):
         summary["branch"] = dict(state["branch"], stream_continues_parent=stream_continuity(state["branch"], phases))

@@ -112,7 +112,7 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
     """Each arm against the detour: same tokens and the same stream wherever the phase budgets agree."""
     ref = summaries["detour"]
     phases = list(ref["phases"])
-    per_arm, tokens_equal, stream_equal = {}, True, True
+    per_arm, tokens_equal, stream_equal, masks_equal = {}, True, True, True
     for name, summary in summaries.items():
         rows = {}
         for p in phases:
@@ -125,6 +125,11 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
             tokens_equal &= same_tokens
             stream_equal &= same_stream
             rows[p] = "equal" if same_tokens and same_stream else "DIFFERENT"
+            if mine["objective"] == theirs["objective"] == "mlm" and mine["mask_rate"] == theirs["mask_rate"] \
+                    and mine.get("mask_hash") and theirs.get("mask_hash") and summary.get("seed") == ref.get("seed"):
+                same_masks = mine["mask_hash"] == theirs["mask_hash"]
+                masks_equal &= same_masks
+                rows[p] += ", same masks" if same_masks else ", DIFFERENT masks"
         if "branch" in summary:
             for p, c in summary["branch"]["stream_continues_parent"].items():
                 if c["equal"] is False:
@@ -136,7 +141,8 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
         "synthetic_data": bool(ref.get("synthetic_data")),
         "layer_groups": groups,
         "arms": summaries,
-        "checks": {"tokens_equal": tokens_equal, "stream_hashes_equal": stream_equal},
+        "checks": {"tokens_equal": tokens_equal, "stream_hashes_equal": stream_equal,
+                   "mlm_masks_equal": masks_equal},
         "stream_vs_detour": per_arm,
         "end_of_decay_mlm_loss": {"phase": last, **{name: s["phases"][last]["final_loss"]
                                                      for name, s in summaries.items() if last in s["phases"]}},
