@@ -113,7 +113,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
             if state["phase_tokens"] == 0 and not phase.keep_optimizer_state:
                 optimizer.state.clear()  # fresh AdamW moments for this phase
             _apply_freeze(model, phase)
-            bar.start_phase(phase, state["phase_tokens"])
+            set_phase_weight_decay(optimizer, recipe, phase)
+            bar.start_phase(phase, state["phase_tokens"], step=state["global_step"])
             while True:
                 n_tokens = min(per_step, phase.tokens - state["phase_tokens"])
                 lr = lr_at(phase.lr, phase.lr.peak or recipe.optimizer.lr, state["phase_tokens"] + n_tokens, phase.tokens)
@@ -295,6 +296,14 @@ def check_freezes(model, recipe: Recipe) -> str | None:
     from detour.model.load import encoder_layers
 
     return describe_groups(len(encoder_layers(model)[1])) if named else None
+
+
+def set_phase_weight_decay(optimizer, recipe: Recipe, phase: PhaseSpec) -> None:
+    """Composer's decay is relative to the peak LR: a phase with its own peak decays relative to that one."""
+    peak = phase.lr.peak or recipe.optimizer.lr
+    for group in optimizer.param_groups:
+        if group.get("decayed"):
+            group["weight_decay"] = recipe.optimizer.weight_decay / peak
 
 
 def _apply_freeze(model, phase: PhaseSpec) -> None:

@@ -49,8 +49,8 @@ def build_optimizer(model, spec: OptimizerSpec) -> torch.optim.AdamW:
     decay, plain = [], []
     for name, param in model.named_parameters():
         (plain if name in no_decay else decay).append(param)
-    groups = [{"params": decay, "weight_decay": spec.weight_decay / spec.lr},
-              {"params": plain, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": spec.weight_decay / spec.lr, "decayed": True},
+              {"params": plain, "weight_decay": 0.0, "decayed": False}]
     return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps)
 
 
