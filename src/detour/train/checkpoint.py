@@ -243,9 +243,11 @@ def latest_checkpoint(root: Path, warn=None) -> Checkpoint | None:
 def restore_checkpoint(ckpt: Checkpoint, model, optimizer, generator: torch.Generator, world: World | None = None) -> None:
     world = world or World()
     saved_world = ckpt.state.get("world_size", 1)
-    if saved_world != world.size:
-        raise DetourError(f"checkpoint {ckpt.path} was written by {saved_world} process(es); resume it with the same "
-                          f"number (got {world.size})")
+    if saved_world != world.size and world.main:
+        # Weights, optimizer and the sampler are global; masks come from the stream. Only the
+        # per-rank dropout RNG has no counterpart: a rank without its own file takes rank 0's.
+        print(f"detour: resuming a checkpoint of {saved_world} process(es) on {world.size}: the same token stream "
+              "and masks; dropout draws differ from an uninterrupted run", file=sys.stderr)
     missing, unexpected = load_model(model, str(ckpt.path / "model.safetensors"), strict=False)
     if unexpected or missing:
         # Tied decoder weights may be stored once; anything else is a different model.
@@ -254,7 +256,10 @@ def restore_checkpoint(ckpt: Checkpoint, model, optimizer, generator: torch.Gene
             raise DetourError(f"checkpoint {ckpt.path} does not match the model: missing {real_missing[:5]}, "
                               f"unexpected {unexpected[:5]}")
     optimizer.load_state_dict(torch.load(ckpt.path / "optimizer.pt", map_location="cpu", weights_only=True))
-    rng = torch.load(ckpt.path / f"rng-{world.rank}.pt", map_location="cpu", weights_only=True)
+    rng_file = ckpt.path / f"rng-{world.rank}.pt"
+    if not rng_file.is_file():  # resumed on more processes than wrote the checkpoint
+        rng_file = ckpt.path / "rng-0.pt"
+    rng = torch.load(rng_file, map_location="cpu", weights_only=True)
     torch.set_rng_state(rng["torch"])
     generator.set_state(rng["mask_generator"])
     if "cuda" in rng and torch.cuda.is_available():

@@ -95,11 +95,13 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     if ckpt is not None:
         restore_checkpoint(ckpt, model, optimizer, generator, world)
         state = ckpt.state
+        state["world_size"] = world.size  # a checkpoint may resume on another number of processes
         stream.load_state_dict(state["sampler"])
         log.truncate_after(state["global_step"])
     elif branch is not None:  # a fresh branch: the parent's phase-end state is this run's start
         restore_checkpoint(branch_ckpt, model, optimizer, generator, world)
         state = copy.deepcopy(branch_ckpt.state)
+        state["world_size"] = world.size
         state["branch"] = branch
         stream.load_state_dict(state["sampler"])
         log.write_many(parent_metrics(Path(recipe.branch.run), state["global_step"]))
