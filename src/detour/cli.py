@@ -22,6 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "prepare": ("detour.data.prepare", "tokenize corpora into memory-mapped training shards"),
     "train": ("detour.train.run", "run one training recipe (phases of CLM / MLM)"),
     "twins": ("detour.train.twins", "a recipe, its matched MLM baseline and extra arms on the same token stream"),
+    "export": ("detour.model.push", "push a run's Hugging Face export, with its model card, to the Hub"),
     "doctor": ("detour.model.doctor", "check causal and document masking on a model's architecture"),
     "eval": ("detour.eval.run", "fine-tune and score encoders on downstream tasks over seeds"),
     "compare": ("detour.eval.significance", "paired bootstrap significance between two models' results"),

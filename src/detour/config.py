@@ -204,6 +204,49 @@ class BranchSpec(_Strict):
     after_phase: str = Field(description="the parent's phase whose end checkpoint this run starts from")
 
 
+class LoggingSpec(_Strict):
+    """What the run prints while it trains and where else its per-step records go; never the training itself."""
+
+    every_seconds: float | None = Field(
+        30.0, ge=0, description="with stdout not a terminal: a log line at least this often (and at each phase start/end)")
+    every_steps: int | None = Field(None, gt=0, description="with stdout not a terminal: also a line every N steps")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="trackers that also get every step's metrics (main process only)")
+    wandb_project: str | None = Field(None, description="Weights & Biases project (default: detour)")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _names(cls, v):
+        # `--set logging.report_to=tensorboard,wandb` arrives as one string
+        if v is None:
+            return []
+        if isinstance(v, str):
+            v = [part.strip() for part in v.split(",") if part.strip()]
+        return list(dict.fromkeys(v))
+
+
+class CardSpec(_Strict):
+    """Hub metadata for the model cards of the run's exports; the rest of each card comes from the run."""
+
+    license: str | None = Field(None, description="Hub license id, e.g. apache-2.0 (default: the base model's card's)")
+    language: list[str] | None = Field(None, description="languages of the training text, e.g. [en] or [fr]")
+    datasets: list[str] | None = Field(None, description="Hub dataset ids the training text comes from")
+    tags: list[str] | None = Field(None, description="extra Hub tags")
+
+    @field_validator("language", "datasets", "tags", mode="before")
+    @classmethod
+    def _as_list(cls, v):
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("license")
+    @classmethod
+    def _license_id(cls, v):
+        # Hub license ids are lowercase: apache-2.0, cc-by-nc-sa-4.0, openrail++, other
+        if v is not None and not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", v):
+            raise ValueError(f"expected a Hub license id such as apache-2.0, mit, cc-by-4.0 or other, got {v!r}")
+        return v
+
+
 class Recipe(_Strict):
     name: str = "detour"
     model: ModelSpec
@@ -217,6 +260,8 @@ class Recipe(_Strict):
     clm_chunk_size: int = Field(1024, gt=0, description="rows per chunk of the fused CLM head + loss")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     branch: BranchSpec | None = Field(None, description="start from a parent run's phase-end checkpoint")
+    card: CardSpec | None = Field(None, description="model-card metadata of the exports: license, language, datasets, tags")
+    logging: LoggingSpec = Field(default_factory=LoggingSpec, description="log lines and trackers")
 
     @model_validator(mode="after")
     def _unique_phase_names(self):

@@ -77,3 +77,16 @@ def test_export_leftovers_are_cleaned_and_only_detours_own(tmp_path):
     assert not (out / "export" / "decay.tmp-77").exists()
     assert (out / "model.tmp-notes").is_dir()
     assert len(done) == 5
+
+
+def test_real_data_without_a_license_is_refused_before_training(tmp_path, capsys):
+    corpus = tmp_path / "notes.txt"
+    corpus.write_text("The patient was given aspirin.\nNo fever was reported on admission.\n")
+    assert detour(["prepare", str(corpus), "--tokenizer", "minilm-l6", "--out", str(tmp_path / "data")]) == 0
+    args = ["train", str(RECIPES / "tiny-modernbert.yaml"), "--out", str(tmp_path / "run"), "--dry-run"]
+    for s in [f"data.sources=[{tmp_path / 'data'}]", *TINY]:
+        args += ["--set", s]
+    capsys.readouterr()
+    assert detour(args) == 2
+    assert "card.license" in capsys.readouterr().err
+    assert detour(args + ["--set", "card.license=cc-by-4.0"]) == 0

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 
 from detour.config import PhaseSpec, Recipe, recipe_to_dict
 from detour.data.packing import PackedStream, collate, validate_seq_len
@@ -36,9 +35,10 @@ from detour.io import write_json
 from detour.train.branch import branch_start, parent_metrics, stream_continuity
 from detour.train.checkpoint import checkpoint_folders, latest_checkpoint, restore_checkpoint, save_checkpoint
 from detour.train.distributed import World, init_world, shutdown_world
-from detour.train.metrics import MetricsLog, Progress
+from detour.train.metrics import MetricsLog, Progress, quiet_transformers, write_curves
 from detour.train.schedule import lr_at
 from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, preflight, select_device
+from detour.train.trackers import Trackers
 
 RESUMABLE_EXIT = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; rerun with --resume
 
@@ -62,13 +62,14 @@ def fresh_state(world_size: int) -> dict[str, Any]:
             "world_size": world_size, "sampler": None, "phases": {}}
 
 
+@quiet_transformers()  # detour shows progress itself; transformers' bars and load reports only add noise
 def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
     out = Path(out)
-    transformers.utils.logging.disable_progress_bar()  # one bar per export is noise; ours is enough
     world = init_world()
     device = select_device(recipe.device, world.local_rank)
     _check_divisible(recipe, world)
     preflight(recipe, out)
+    trackers = Trackers(recipe, out, enabled=world.main)  # a missing tracker package stops the run here
     check_out_dir(out, recipe, resume)
     # Verified before anything is built or written: a run whose checkpoints are all unusable stops here.
     ckpt = latest_checkpoint(out / "checkpoints", warn=None if world.main else lambda _msg: None) if resume else None
@@ -89,9 +90,11 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
         _start_out_dir(out, recipe, resume)
     world.barrier()
     optimizer = build_optimizer(model, recipe.optimizer)
-    generator = torch.Generator().manual_seed(recipe.seed + world.rank)  # MLM masking draws, checkpointed
+    # MLM masks come from the stream (see mask_key); this generator stays in checkpoints so that
+    # their format, and the runs that read them, do not change.
+    generator = torch.Generator().manual_seed(recipe.seed + world.rank)
     state = fresh_state(world.size)
-    log = MetricsLog(out / "metrics.jsonl", enabled=world.main)
+    log = MetricsLog(out / "metrics.jsonl", enabled=world.main, trackers=trackers)
     if ckpt is not None:
         restore_checkpoint(ckpt, model, optimizer, generator, world)
         state = ckpt.state
@@ -107,7 +110,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
         log.write_many(parent_metrics(Path(recipe.branch.run), state["global_step"]))
     per_step = recipe.tokens_per_step()
 
-    with _stop_on_signals() as stop, Progress(recipe, enabled=progress and world.main) as bar:
+    with _stop_on_signals() as stop, trackers, Progress(recipe, enabled=progress and world.main) as bar:
         for index, phase in enumerate(recipe.phases):
             if index < state["phase_index"]:
                 continue
@@ -135,7 +138,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                            "global_step": state["global_step"], "tokens": state["phase_tokens"], "loss": loss,
                            "lr": lr, "grad_norm": grad_norm, "tokens_per_s": n_tokens / elapsed,
                            "padding_tokens": padding, "stream_hash": record["stream_hash"]})
-                bar.advance(n_tokens, loss)
+                bar.advance(n_tokens, loss, lr=lr, step=state["global_step"])
                 phase_done = state["phase_tokens"] == phase.tokens
                 # Export first: a crash before the checkpoint redoes the step and rewrites the same export.
                 if phase_done and world.main:
@@ -162,7 +165,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
         if world.main:
             final = _export(model, tokenizer, recipe, state, out / "model")
             summary = _summary(recipe, state, final)
-            write_json(out / "summary.json", summary)
+            write_curves(out / "metrics.jsonl", out / "curves.png", recipe.name)
+            write_json(out / "summary.json", summary)  # last: its presence means the run is complete
     world.barrier()
     shutdown_world(world)
     return TrainResult(out, summary)
@@ -319,19 +323,32 @@ def _apply_freeze(model, phase: PhaseSpec) -> None:
 
 
 def _export(model, tokenizer, recipe: Recipe, state: dict, folder: Path) -> Path:
-    from detour.model.export import export_hf
+    from detour.model.export import arm_of, card_license, describe_data, export_hf
 
+    arm, replaced = arm_of(recipe)
     phases = [{"name": p.name, "objective": p.objective, "mask_rate": p.mask_rate, "tokens": p.tokens,
                "tokens_done": state["phases"].get(p.name, {}).get("tokens", 0),
-               "final_loss": _final_loss(state["phases"].get(p.name))} for p in recipe.phases]
-    card = {"base_model": recipe.model.source or f"built from config ({recipe.model.config.get('model_type')})",
-            "recipe": recipe_to_dict(recipe), "phases": phases,
-            "data": [_describe_source(s.path, s.weight) for s in recipe.data.sources]}
-    if any(d.get("synthetic") for d in card["data"]):
-        card["notes"] = ("Trained (in part) on SYNTHETIC text from detour's embedded generator: a test of the "
-                         "engine, not a result, and not a model to use.")
+               "final_loss": _final_loss(state["phases"].get(p.name)), "replaced": p.name in replaced}
+              for p in recipe.phases]
+    # The final export comes after the last phase's end; every other one is taken at the end of, or
+    # during, the phase the state is in (the state moves to the next phase only after the export).
+    index = state["phase_index"]
+    taken = None if index >= len(recipe.phases) else {"phase": recipe.phases[index].name,
+                                                       "tokens": state["phase_tokens"]}
+    # Resolved before training by check_card; a run started without that check gets `other` and a note.
+    license_, license_source = card_license(recipe)
+    meta = recipe.card
+    card = {"name": recipe.name, "arm": arm, "base_model": recipe.model.source,
+            "model_type": (recipe.model.config or {}).get("model_type"),
+            "license": license_, "license_source": license_source,
+            "language": meta.language if meta else None, "datasets": meta.datasets if meta else None,
+            "tags": meta.tags if meta else None, "recipe": recipe_to_dict(recipe), "phases": phases,
+            "taken": taken, "branch": state.get("branch"),
+            "data": [describe_data(s.path, s.weight) for s in recipe.data.sources]}
+    card["synthetic"] = any(d.get("synthetic") for d in card["data"])
     model.eval()
-    return export_hf(model, tokenizer, folder, card)
+    with quiet_transformers():  # again here: loading a pretrained model turns transformers' bars back on
+        return export_hf(model, tokenizer, folder, card)
 
 
 def _describe_source(path: str, weight) -> dict:
@@ -374,7 +391,13 @@ def check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
         raise DetourError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
     from detour.train.branch import first_difference
 
-    diff = first_difference(recipe_to_dict(recipe), json.loads(saved.read_text()), "")
+    # `logging` and `card` never shape the run: a resume may change them, and runs saved before they
+    # existed lack them.
+    mine, theirs = recipe_to_dict(recipe), json.loads(saved.read_text())
+    for key in ("logging", "card"):
+        mine.pop(key, None)
+        theirs.pop(key, None)
+    diff = first_difference(mine, theirs, "")
     if diff:
         raise DetourError(f"{out} holds a run of a different recipe ({diff[0]}: {diff[1]!r} now, {diff[2]!r} in "
                           f"{saved}); resume with the same recipe and --set overrides, or choose another --out")

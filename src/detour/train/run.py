@@ -3,6 +3,7 @@
     detour train recipes/tiny-modernbert.yaml --out runs/tiny --dry-run
     detour train recipes/tiny-modernbert.yaml --out runs/tiny --set phases.0.tokens=100k
     detour train recipes/tiny-modernbert.yaml --out runs/tiny --resume   # after a crash or SIGTERM
+    detour train recipes/tiny-modernbert.yaml --out runs/tiny --report-to tensorboard   # RUN/tensorboard/
     detour train recipes/tiny-modernbert.yaml --out runs/tiny-decay4k --from runs/tiny --after-phase clm \
         --set phases.1.tokens=4k                                          # a shorter decay, same Phase 1
 
@@ -23,6 +24,23 @@ from detour.config import Recipe, load_recipe, recipe_to_dict
 from detour.errors import DetourError
 
 
+TRACKERS = ("tensorboard", "wandb")
+
+
+class _ReportTo(argparse.Action):
+    """`--report-to tensorboard[,wandb]` is `--set logging.report_to=[...]`: the recipe carries it to every arm."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        names = [n.strip() for n in values.split(",") if n.strip()]
+        unknown = [n for n in names if n not in TRACKERS + ("none",)]
+        if unknown or not names:
+            parser.error(f"{option_string} {values!r}: expected {', '.join(TRACKERS)} (comma-separated) or none")
+        names = [n for n in names if n != "none"]
+        overrides = list(getattr(namespace, "overrides", None) or [])  # a copy: never the shared default list
+        overrides.append(f"logging.report_to={json.dumps(names)}")
+        namespace.overrides = overrides
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="YAML recipe (see recipes/)")
     parser.add_argument("--out", required=True, help="run folder (checkpoints, metrics.jsonl, exports)")
@@ -30,7 +48,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a recipe field, e.g. --set phases.0.tokens=50k (repeatable)")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved recipe and the plan, then exit")
     parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs still written)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar or log lines on stdout (metrics.jsonl still written)")
+    parser.add_argument("--report-to", action=_ReportTo, metavar="TRACKER",
+                        help="also send every step's loss, lr, grad_norm and tokens/s to tensorboard "
+                             "(RUN/tensorboard/) and/or wandb (RUN/wandb/), comma-separated; sets logging.report_to")
     parser.add_argument("--from", dest="from_run", metavar="RUN_DIR",
                         help="start from RUN_DIR's checkpoint at the end of --after-phase (weights, AdamW moments, "
                              "sampler and RNG states carried); the recipe must match the parent's up to that phase")

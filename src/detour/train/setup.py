@@ -129,6 +129,9 @@ def preflight(recipe: Recipe, out=None) -> None:
         if theirs != mine:
             raise DetourError(f"data.sources.{i}: {path} was tokenized with a different tokenizer than the model's "
                               f"({theirs[:12]} != {mine[:12]}); re-run `detour prepare` with --tokenizer set to the model's")
+    from detour.model.export import check_card
+
+    check_card(recipe)  # the exports' model card needs a license: known now, not at the first export
     if recipe.branch is not None:
         from detour.train.branch import branch_start
 

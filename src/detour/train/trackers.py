@@ -1,0 +1,119 @@
+"""Every step's metrics also to TensorBoard and/or Weights & Biases (`--report-to`), from the main process.
+
+    detour train recipes/tiny-modernbert.yaml --out runs/tiny --report-to tensorboard
+    tensorboard --logdir runs/          # finds every RUN/tensorboard/ below, one run each
+    WANDB_MODE=offline detour train recipes/tiny-modernbert.yaml --out runs/tiny --report-to wandb
+
+Each step logs loss/PHASE, lr/PHASE, grad_norm/PHASE and tokens_per_s/PHASE at the global step: the
+numbers of metrics.jsonl, which stays the record. TensorBoard writes RUN/tensorboard/, Weights &
+Biases RUN/wandb/ (project `logging.wandb_project`, default detour; run name the recipe's name).
+
+A tracker that starts without the earlier steps of the run (a fresh branch, whose metrics.jsonl
+begins with its parent's records, or a resume that adds a tracker) first gets every record
+already in metrics.jsonl. A resumed TensorBoard log hides the steps after the checkpoint, which are
+redone; a resumed Weights & Biases run continues under the same id (RUN/wandb/detour-run-id).
+
+The packages are optional (`pip install 'clm-detour[tensorboard]'`, `[wandb]`); one that is missing
+is an error before anything is built or trained.
+"""
+
+from __future__ import annotations
+
+import importlib
+import secrets
+from pathlib import Path
+
+from detour.errors import DetourError
+
+SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s")
+_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def check_available(names) -> None:
+    for name in names:
+        try:
+            importlib.import_module(_MODULES[name])
+        except ImportError as exc:
+            raise DetourError(f"logging.report_to: {name} needs the {_MODULES[name]} package, which cannot be "
+                              f"imported ({exc}); pip install 'clm-detour[{name}]', or leave out "
+                              f"--report-to {name}") from None
+
+
+def scalars(record: dict) -> dict[str, float]:
+    """One metrics.jsonl record as tracker values, tagged by phase."""
+    return {f"{key}/{record['phase']}": float(record[key]) for key in SCALARS if record.get(key) is not None}
+
+
+class Trackers:
+    """The trackers of `recipe.logging.report_to`; open (a context manager) from the training loop.
+
+    Records reach it through MetricsLog, only while it is open.
+    """
+
+    def __init__(self, recipe, out: Path, enabled: bool = True):
+        check_available(recipe.logging.report_to)  # on every process, so all stop before training
+        self.recipe = recipe
+        self.out = Path(out)
+        self.names = list(recipe.logging.report_to) if enabled else []
+        self._tensorboard = None
+        self._wandb = None
+
+    def __enter__(self):
+        from detour.train.metrics import read_metrics
+
+        metrics = self.out / "metrics.jsonl"
+        earlier = read_metrics(metrics) if self.names and metrics.is_file() else []
+        if "tensorboard" in self.names:
+            self._open_tensorboard(earlier)
+        if "wandb" in self.names:
+            self._open_wandb(earlier)
+        return self
+
+    def __exit__(self, exc_type, *_):
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+        if self._wandb is not None:
+            self._wandb.finish(exit_code=0 if exc_type is None else 1)
+            self._wandb = None
+
+    def log(self, records: list[dict]) -> None:
+        self._send(records, self._tensorboard, self._wandb)
+
+    @staticmethod
+    def _send(records: list[dict], tensorboard, wandb_run) -> None:
+        for record in records:
+            values = scalars(record)
+            if tensorboard is not None:
+                for tag, value in values.items():
+                    tensorboard.add_scalar(tag, value, record["global_step"])
+            if wandb_run is not None:
+                wandb_run.log(values, step=record["global_step"])
+
+    def _open_tensorboard(self, earlier: list[dict]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        folder = self.out / "tensorboard"
+        continues = bool(earlier) and folder.is_dir() and any(folder.glob("events.out.tfevents.*"))
+        # purge_step hides the events an earlier process wrote from that step on: on a resume the steps
+        # after the checkpoint (redone now); on a fresh start anything a failed earlier start left.
+        first = earlier[-1]["global_step"] + 1 if continues else 1
+        self._tensorboard = SummaryWriter(log_dir=str(folder), purge_step=first)
+        if not continues:
+            self._send(earlier, self._tensorboard, None)
+
+    def _open_wandb(self, earlier: list[dict]) -> None:
+        import wandb
+
+        from detour.config import recipe_to_dict
+
+        folder = self.out / "wandb"
+        folder.mkdir(parents=True, exist_ok=True)
+        id_file = folder / "detour-run-id"
+        continues = bool(earlier) and id_file.is_file()
+        run_id = id_file.read_text().strip() if continues else secrets.token_hex(4)  # W&B ids: [a-z0-9]
+        id_file.write_text(run_id + "\n")
+        self._wandb = wandb.init(project=self.recipe.logging.wandb_project or "detour", name=self.recipe.name,
+                                 id=run_id, resume="allow", dir=str(self.out), config=recipe_to_dict(self.recipe))
+        if not continues:
+            self._send(earlier, None, self._wandb)
