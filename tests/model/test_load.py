@@ -84,3 +84,18 @@ def test_a_checkpoint_with_its_head_loads_silently_and_intact(minilm, tmp_path, 
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), name
     assert again.get_output_embeddings().weight is again.get_input_embeddings().weight
+
+
+def test_loading_leaves_transformers_progress_bars_as_it_found_them(minilm):
+    from transformers.utils import logging as hf_logging
+
+    from detour.model.load import load_mlm_model
+
+    hf_logging.disable_progress_bar()
+    try:
+        load_mlm_model(minilm)
+        assert not hf_logging.is_progress_bar_enabled()  # a silenced caller stays silent
+    finally:
+        hf_logging.enable_progress_bar()
+    load_mlm_model(minilm)
+    assert hf_logging.is_progress_bar_enabled()

@@ -87,7 +87,7 @@ def load_weights(path: str, ref: str):
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
@@ -96,7 +96,8 @@ def load_weights(path: str, ref: str):
         raise DetourError(f"model {ref}: cannot load an encoder from {path} ({exc})") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
+        if bars:  # as it was: a caller that silenced the bars keeps them silent
+            hf_logging.enable_progress_bar()
     missing = set(info.get("missing_keys", ()))
     return model.eval().requires_grad_(False), {n for n, _ in model.named_parameters() if n not in missing}
 

@@ -36,7 +36,7 @@ def load_encoder(path: str, ref: str):
 
     # An MLM checkpoint loaded as its bare encoder makes transformers list the unused head weights;
     # dropping the head is what we want here.
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
@@ -46,7 +46,8 @@ def load_encoder(path: str, ref: str):
         raise DetourError(f"model {ref}: cannot load a tokenizer and encoder from {path} ({exc})") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
+        if bars:  # as it was: a caller that silenced the bars keeps them silent
+            hf_logging.enable_progress_bar()
     return model.eval().requires_grad_(False), tokenizer
 
 

@@ -251,14 +251,15 @@ def _quiet_transformers():
     AutoModel reports a BERT pooler that no masked-LM checkpoint has (the heads do not read it)."""
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
+        if bars:  # as it was: a caller that silenced the bars keeps them silent
+            hf_logging.enable_progress_bar()
 
 
 def _save_encoder(model, tokenizer, path: Path, info: dict) -> None:
