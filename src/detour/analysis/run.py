@@ -109,6 +109,13 @@ def cka_analysis(model_a: str, model_b: str, noise_floor: str | None = None, tex
 
 # ---- outputs ----
 
+def display_name(model: str) -> str:
+    """A legend label: the folder with its parent when the folder alone says nothing (detour/model)."""
+    from detour.eval.results import display_name as label
+
+    return label(str(model).rstrip("/"))
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -120,11 +127,12 @@ def plot(result: dict, path: Path) -> None:
     cfg = result["config"]
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.errorbar(x, [row["divergence"] for row in layers], yerr=[row["cka_std"] for row in layers],
-                marker="o", capsize=3, label=f"d(A, B): {Path(cfg['model_a']).name} vs {Path(cfg['model_b']).name}")
+                marker="o", capsize=3, label=f"d(A, B): detour (A) {display_name(cfg['model_a'])} vs baseline (B) "
+                      f"{display_name(cfg['model_b'])}")
     if cfg["noise_floor"] is not None:
         ax.errorbar(x, [row["noise_divergence"] for row in layers], yerr=[row["noise_cka_std"] for row in layers],
                     marker="s", ls="--", color="grey", capsize=3,
-                    label=f"noise floor d(C, B): {Path(cfg['noise_floor']).name}")
+                    label=f"noise floor d(C, B): {display_name(cfg['noise_floor'])}")
     ax.set_xticks(x, ["emb"] + [str(i) for i in x[1:]])
     ax.set_xlabel("layer (emb = embeddings)")
     ax.set_ylabel("divergence 1 - linear CKA")

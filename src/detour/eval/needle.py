@@ -193,7 +193,9 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylim(0, 1)
     ax.set_xlabel("input length (tokens)")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"needle probe: {Path(result['config']['model']).name} ({result['config']['lang']}), "
+    from detour.eval.results import display_name
+
+    ax.set_title(f"needle probe: {display_name(str(result['config']['model']).rstrip('/'))} ({result['config']['lang']}), "
                  f"overall {test['overall']['accuracy']:.3f}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
