@@ -98,3 +98,17 @@ def test_shipped_specs_read_their_folders(shared_data):
     nested = sum(1 for ex in social for a in ex["entities"] for b in ex["entities"]
                  if a != b and a[0] <= b[0] and b[1] <= a[1])
     assert nested > 100  # overlapping spans are kept, not flattened
+
+
+def test_brat_nested_warns_about_entities_it_cannot_hold(tmp_path, capsys):
+    from detour.eval.brat import read_brat_nested
+    from detour.eval.tasks import TaskSpec
+
+    (tmp_path / "a.txt").write_text("a nonsmoker\nline two\n", encoding="utf-8")
+    (tmp_path / "a.ann").write_text("T1\tStatus 2 5\tnon\nT2\tX 2 16\tnonsmoker line\nT3\tX 12 16\tline\n",
+                                    encoding="utf-8")
+    spec = TaskSpec(name="sh", type="nested_ner", format="brat_nested", data={"train": "x", "test": "y"})
+    examples = read_brat_nested(tmp_path, spec, split="validation")
+    assert [e for ex in examples for e in ex["entities"]] == [(2, 5, "Status"), (0, 4, "X")]
+    assert ("WARNING: task sh, validation: of 3 gold entities, 1 (33.3%) cross a line break and are left out of gold; "
+            "1 (33.3%) have a boundary inside a word and stay in gold as misses") in capsys.readouterr().err

@@ -1,8 +1,11 @@
 """Fine-tuning: any AutoModel encoder (a tiny ModernBERT saved with the MiniLM tokenizer), the
-linear-probing mode (encoder frozen, head trained), and the best epoch's weights restored."""
+linear-probing mode (encoder frozen, head trained), the best epoch's weights restored, and the
+per-epoch checkpoint a stopped run resumes from."""
 
+import pytest
 import torch
 
+from detour.errors import DetourError
 from detour.eval.finetune import Budget, finetune, prepare_task
 from detour.eval.tasks import TaskSpec
 
@@ -54,3 +57,78 @@ def test_linear_probe_freezes_the_encoder(tmp_path, minilm_tokenizer, monkeypatc
     assert all(torch.equal(v, seen["encoder"][k]) for k, v in m.encoder.state_dict().items())
     assert not all(torch.equal(v, seen["head"][k]) for k, v in m.head.state_dict().items())
     assert not any(p.requires_grad for p in m.encoder.parameters())
+
+
+class Killed(Exception):
+    """Stands in for SIGTERM at the end of an epoch (the process dies; only the checkpoint remains)."""
+
+
+def test_resume_from_an_epoch_checkpoint_gives_the_uninterrupted_result(tmp_path, minilm_tokenizer, monkeypatch):
+    """Stopped after epoch 1, 2 or 3 of 3, a new call on the same file continues and ends bit for bit
+    where the uninterrupted run ends (CPU): the same loss at every later step, the same selected
+    weights, the same metrics. Weights, optimizer, schedule, every generator and the best epoch's
+    weights (epoch 2 here, saved apart from the last epoch's) all come back."""
+    import detour.eval.finetune as ft
+
+    model = tiny_modernbert_folder(tmp_path, minilm_tokenizer)
+    spec = cls_spec(tmp_path)
+    spec.training.epochs = 3
+    prep = prepare_task(spec, model, Budget())
+    built = []
+    real_build = ft.build_model
+
+    def build_and_keep(*a, **k):  # the real model, kept to read its final weights
+        built.append(real_build(*a, **k))
+        return built[-1]
+
+    monkeypatch.setattr(ft, "build_model", build_and_keep)
+
+    def final_weights():  # the model finetune scored test with: the selected epoch's weights
+        return {k: v.clone() for k, v in built[-1].state_dict().items()}
+
+    losses = []
+    whole = finetune(model, prep, seed=3, device="cpu", on_step=losses.append)
+    whole_weights, per_epoch = final_weights(), len(losses) // 3
+    assert whole["selected_epoch"] == 2 and [v["macro_f1"] for v in whole["validation"]][1:] == [1.0, 1.0]
+    for stop_after in (1, 2, 3):
+        path = tmp_path / f"stopped-{stop_after}" / "state.pt"
+        seen = []
+
+        def stop(info, stop_after=stop_after):
+            seen.append(info)
+            if info["epoch"] == stop_after:
+                raise Killed
+
+        with pytest.raises(Killed):
+            finetune(model, prep, seed=3, device="cpu", on_epoch=stop, checkpoint=path, checkpoint_key="k")
+        assert [i["epoch"] for i in seen] == list(range(1, stop_after + 1)) and seen[0]["epochs"] == 3
+        assert seen[0]["score"] == whole["validation"][0]["macro_f1"] and seen[0]["seconds"] > 0
+        saved = torch.load(path, weights_only=True)  # tensors and plain values only
+        assert saved["epoch"] == stop_after and saved["key"] == "k"
+        assert [p.name for p in path.parent.iterdir()] == ["state.pt"]  # no temporary file
+        later = []
+        resumed = finetune(model, prep, seed=3, device="cpu", on_step=later.append, on_epoch=seen.append,
+                           checkpoint=path, checkpoint_key="k")
+        assert [i["epoch"] for i in seen[stop_after:]] == list(range(stop_after + 1, 4))
+        assert resumed["resumed_after_epoch"] == stop_after
+        assert later == losses[stop_after * per_epoch:]
+        assert all(torch.equal(v, whole_weights[k]) for k, v in final_weights().items())
+        assert resumed["metrics"] == whole["metrics"] and resumed["validation"] == whole["validation"]
+        assert resumed["selected_epoch"] == whole["selected_epoch"]
+
+
+def test_a_checkpoint_saved_for_other_settings_is_refused(tmp_path, minilm_tokenizer):
+    model = tiny_modernbert_folder(tmp_path, minilm_tokenizer)
+    prep = prepare_task(cls_spec(tmp_path), model, Budget(epochs=2))
+    path = tmp_path / "state.pt"
+
+    def stop(info):
+        raise Killed
+
+    with pytest.raises(Killed):
+        finetune(model, prep, seed=0, device="cpu", on_epoch=stop, checkpoint=path, checkpoint_key="lr=1e-3")
+    with pytest.raises(DetourError, match="other settings"):
+        finetune(model, prep, seed=0, device="cpu", checkpoint=path, checkpoint_key="lr=5e-5")
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(DetourError, match="not a readable epoch checkpoint"):
+        finetune(model, prep, seed=0, device="cpu", checkpoint=path, checkpoint_key="lr=1e-3")

@@ -143,3 +143,85 @@ def test_csv_quoted_fields_and_declared_columns(tmp_path):
     f.write_text('42,"fever, cough",infection\r\n43,"arm ""broken""",trauma\r\n')
     exs = read_csv(f, spec(format="csv", options={"header": False, "text_column": 1, "label_column": 2, "doc_column": 0}))
     assert [(e["text"], e["label"], e["doc"]) for e in exs] == [("fever, cough", "infection", "42"), ('arm "broken"', "trauma", "43")]
+
+
+def test_iob_orphan_inside_tags_are_read_as_openers_with_a_count(tmp_path, capsys):
+    f = tmp_path / "orphans.iob"
+    # line 2: I-Drug after O; line 5: I-Dose after B-Drug (another type); line 8: first tag of a sentence
+    f.write_text("took\tO\naspirin\tI-Drug\nand\tO\nheparin\tB-Drug\n5mg\tI-Dose\n.\tO\n\nwarfarin\tI-Drug\n"
+                 "sodium\tI-Drug\n")
+    exs = read_iob(f, spec(type="ner", format="iob"), split="train")
+    assert exs[0]["tags"] == ["O", "B-Drug", "O", "B-Drug", "B-Dose", "O"]
+    assert exs[1]["tags"] == ["B-Drug", "I-Drug"]  # the I- after the repaired opener continues it
+    err = capsys.readouterr().err
+    assert f"WARNING: task t, train: 3 orphan I-/E- tag(s)" in err and f"first at {f}:2;" in err
+    with pytest.raises(DetourError, match=r"orphans.iob:2: orphan tag 'I-Drug'"):
+        read_iob(f, spec(type="ner", format="iob", options={"strict_tags": True}))
+
+
+def test_iobes_orphan_end_becomes_single_and_scores_are_unchanged(tmp_path):
+    from detour.eval.formats import repair_orphans
+    from detour.eval.metrics import spans_from_tags
+
+    tags = ["E-X", "O", "B-X", "E-X", "I-X", "S-Y", "E-Y"]
+    fixed, repaired = repair_orphans(tags)
+    assert fixed == ["S-X", "O", "B-X", "E-X", "B-X", "S-Y", "S-Y"] and repaired == [0, 4, 6]
+    assert spans_from_tags(fixed) == spans_from_tags(tags)  # the scorer already read them so
+
+
+def test_iob_line_with_more_columns_than_the_spec_names_the_line(tmp_path):
+    f = tmp_path / "conll.txt"
+    f.write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n")
+    with pytest.raises(DetourError, match=r"conll.txt:3: 4 column\(s\), the spec reads 2 \(options.columns"):
+        read_iob(f, spec(type="ner", format="iob"))
+    exs = read_iob(f, spec(type="ner", format="iob", options={"columns": 4}))
+    assert exs == [{"tokens": ["EU", "rejects"], "tags": ["B-ORG", "O"], "doc": 1}]  # token first, tag last
+    f.write_text("EU\tB-ORG\t \nrejects\tO\tO\n")  # trailing blanks are not a column, a third field is
+    with pytest.raises(DetourError, match=r"conll.txt:2: 3 column\(s\)"):
+        read_iob(f, spec(type="ner", format="iob"))
+    with pytest.raises(DetourError, match=r"options.columns must be an integer >= 2"):
+        read_iob(f, spec(type="ner", format="iob", options={"columns": "3"}))
+
+
+def test_table_row_with_a_stray_column_names_the_line(tmp_path):
+    f = tmp_path / "d.tsv"
+    f.write_text("sentence\tlabel\nfine row\t1\nrow with a\tstray tab\t0\n")
+    with pytest.raises(DetourError, match=r"d.tsv:3: expected 2 columns, got 3"):
+        read_tsv(f, spec())
+
+
+def test_jsonl_token_records_are_checked_like_iob(tmp_path, capsys):
+    from detour.eval.formats import read_jsonl
+
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"tokens": ["a", "b"], "tags": ["O", "I-X"]}\n')
+    assert read_jsonl(f, spec(type="ner", format="jsonl"), split="test")[0]["tags"] == ["O", "B-X"]
+    assert f"1 orphan I-/E- tag(s) (no B- or I- of the same type just before) read as B-/S-, first at {f}:1 (token 1)" \
+        in capsys.readouterr().err
+    f.write_text('{"tokens": ["a", "b"], "tags": ["O"]}\n')
+    with pytest.raises(DetourError, match=r"t.jsonl:1: 2 tokens but 1 tags"):
+        read_jsonl(f, spec(type="ner", format="jsonl"))
+    f.write_text('{"tokens": ["a"], "tags": ["Disease"]}\n')
+    with pytest.raises(DetourError, match=r"t.jsonl:1: tag 'Disease' is not O"):
+        read_jsonl(f, spec(type="ner", format="jsonl"))
+
+
+def test_brat_flat_entities_reports_the_gold_entities_it_drops(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("Smokes two packs daily.\nNo alcohol, a nonsmoker.")
+    (tmp_path / "a.ann").write_text("T1\tTobacco 0 6\tSmokes\nT2\tAmount 7 16\ttwo packs\nT3\tAlcohol 27 34\talcohol\n"
+                                    "T4\tAmount 7 10\ttwo\nT5\tStatus 38 41\tnon\nT6\tAmount 7 16\ttwo packs\n")
+    read_brat_entities(tmp_path, spec(type="ner", format="brat_entities"), split="train")
+    err = capsys.readouterr().err
+    # 5 distinct entities (T6 repeats T2): T4 is inside T2, T5 ends inside "nonsmoker"
+    assert ("WARNING: task t, train: brat_entities keeps 3 of 5 gold entities; 2 (40.0%) are not in its flat tags: "
+            "1 overlap a longer or earlier entity, 1 have a boundary inside a word or cross a line. Format brat_nested") in err
+    (tmp_path / "a.ann").write_text("T1\tTobacco 0 6\tSmokes\n")
+    read_brat_entities(tmp_path, spec(type="ner", format="brat_entities"), split="test")
+    assert "WARNING" not in capsys.readouterr().err  # nothing dropped, nothing said
+
+
+def test_brat_flat_entities_crlf_offsets_count_the_carriage_return(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"No fever.\r\nSmokes daily.\r\n")
+    (tmp_path / "a.ann").write_bytes(b"T1\tTobacco 11 17\tSmokes\r\n")  # BRAT counts the \r before "Smokes"
+    exs = read_brat_entities(tmp_path, spec(type="ner", format="brat_entities"))
+    assert exs[1]["tokens"] == ["Smokes", "daily", "."] and exs[1]["tags"] == ["B-Tobacco", "O", "O"]

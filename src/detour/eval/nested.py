@@ -86,6 +86,13 @@ class NestedNER(TaskType):
     """Nested / overlapping NER over BRAT lines with the span head (see the module docstring)."""
 
     name = "nested_ner"
+    metrics = ("micro_f1", "macro_f1", "precision", "recall")
+    per_type_f1 = True
+    example_keys = ("tokens", "word_spans", "entities")
+    spec_options = ("max_width", "max_pos_weight")
+
+    def gold_labels(self, examples):
+        return {t for ex in examples for _, _, t in ex["entities"]}
 
     def label_set(self, spec, train):
         found = sorted({t for ex in train for _, _, t in ex["entities"]})

@@ -6,14 +6,29 @@
 MODEL is any Hugging Face encoder folder or hub name (loaded with AutoModel, no remote code).
 Tasks are shipped names (`detour eval --list-tasks`) or spec files (--task-spec). Several models
 share the same splits and seeds. Results go to OUT/results.json and OUT/results.md after every
-finished (model, task, seed); rerunning with the same OUT resumes.
+finished (model, task, seed).
+
+Cache: a finished run in OUT/results.json is reused only when everything that determines it is
+unchanged: the model's weights (sha256 of its weight files), the task spec's contents, the
+examples used (`data_sha256`), the options (--epochs, --max-train, --max-eval, --max-length,
+--lr, --batch-size, --linear-probe) and the seed. Any other run of the command is (re)run, and the
+command says which and why before it trains. Runs in OUT that the command does not ask for are
+kept, unless they would end up in one table beside runs made with other settings: that is refused
+before any training, naming the runs and how to include them.
+
+Progress: one line per epoch on stdout, flushed (so `detour eval ... > log.txt` shows it): model,
+task, seed, epoch i/N, the validation headline, the epoch's time and the run's ETA.
+
+Resume: after every epoch the training state is saved in OUT/epoch-checkpoints (atomically; see
+detour.eval.finetune); rerunning resumes an interrupted seed at its next epoch, with the result an
+uninterrupted run gives. The file goes once the seed's result is in results.json.
 
 Each run records what `detour compare` checks before comparing two models: the task spec, a
 sha256 of the examples used (`data_sha256`), linear_probe and the effective budget.
 
 SIGTERM or SIGINT (Ctrl-C) stops the run where it is and exits with status 75 (as `detour train`
-does): the finished runs stay in OUT/results.json, the interrupted one is dropped (its weights
-lived only in memory), no temporary file is left, and rerunning the same command resumes.
+does): the finished runs stay in OUT/results.json, the interrupted seed keeps its last finished
+epoch, no temporary file is left, and rerunning the same command resumes.
 """
 
 from __future__ import annotations
@@ -22,18 +37,29 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import signal
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from detour.errors import DetourError
-from detour.io import ensure_output_dir
-from detour.eval.finetune import Budget, finetune, prepare_task
-from detour.eval.results import Results, display_name
-from detour.eval.splits import load_splits
-from detour.eval.tasks import load_spec, shipped_tasks
+from detour.io import ensure_output_dir, write_text
+from detour.eval.finetune import Budget, finetune, prepare_task, read_checkpoint
+from detour.eval.results import Results, display_name, run_key, seed_list, setting_of
+from detour.eval.splits import subsample
+from detour.eval.tasks import load_spec, load_specs, shipped_tasks
+from detour.eval.validate import validate_tasks
+
+CHECKPOINT_DIR = "epoch-checkpoints"
+CHECKPOINT_MARKER = ".detour-eval"  # says the folder is detour's, so detour may remove what it wrote there
+
+# The options that change a run's result, with the flag that sets each (None: the spec's value).
+OPTIONS = {"epochs": "--epochs", "max_train": "--max-train", "max_eval": "--max-eval",
+           "max_length": "--max-length", "lr": "--lr", "batch_size": "--batch-size",
+           "linear_probe": "--linear-probe"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,16 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _specs(args):
-    names = [t.strip() for t in args.tasks.split(",") if t.strip()] + list(args.task_spec)
-    if not names:
-        raise DetourError("no task: give --tasks a,b,c and/or --task-spec FILE (see --list-tasks)")
-    specs = [load_spec(n, args.data_root) for n in names]
-    seen = set()
-    for s in specs:
-        if s.name in seen:
-            raise DetourError(f"task {s.name!r} given twice")
-        seen.add(s.name)
-    return specs
+    return load_specs([t.strip() for t in args.tasks.split(",") if t.strip()], list(args.task_spec), args.data_root)
 
 
 class EvalStopped(BaseException):
@@ -127,6 +144,98 @@ def examples_sha256(examples: dict[str, list[dict]]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def capped_examples(splits: dict, budget: Budget) -> dict[str, list[dict]]:
+    """The examples a run trains and scores on: the same seeded caps as prepare_task takes (a run
+    checks that both agree before it trains)."""
+    return {"train": subsample(splits["train"], budget.max_train),
+            "validation": subsample(splits["validation"], budget.max_eval),
+            "test": subsample(splits["test"], budget.max_eval)}
+
+
+def _flat(prefix: str, value, out: dict) -> dict:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value
+    return out
+
+
+def _show(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def key_changes(old: dict | None, new: dict) -> str:
+    """Why a recorded run does not count for `new`: every part of the key that differs, with both values."""
+    if old is None:
+        return "no cache key recorded: written by an older detour eval"
+    parts = []
+    if old["weights"] != new["weights"]:
+        parts.append(f"model weights changed: {old['weights'][:19]} -> {new['weights'][:19]}")
+    a, b = _flat("", old["spec"], {}), _flat("", new["spec"], {})
+    absent = object()  # a field only one side has differs even when the other's value is null
+    spec = [f"{k} {_show(a.get(k, '(absent)'))} -> {_show(b.get(k, '(absent)'))}"
+            for k in sorted(set(a) | set(b)) if a.get(k, absent) != b.get(k, absent)]
+    if spec:
+        parts.append("task spec changed: " + ", ".join(spec))
+    if old["data_sha256"] != new["data_sha256"]:
+        parts.append(f"data changed: sha256 {old['data_sha256'][:12]} -> {new['data_sha256'][:12]}")
+
+    def flag(name, value):
+        if name == "linear_probe":
+            return "on" if value else "off"
+        return "(spec's)" if value is None else _show(value)
+
+    options = [f"{OPTIONS.get(k, k)} {flag(k, old['options'].get(k))} -> {flag(k, new['options'].get(k))}"
+               for k in OPTIONS if old["options"].get(k) != new["options"].get(k)]
+    if options:
+        parts.append("options changed: " + ", ".join(options))
+    if old["seed"] != new["seed"]:
+        parts.append(f"seed {old['seed']} -> {new['seed']}")
+    return "; ".join(parts) or "unchanged"
+
+
+@dataclass
+class TaskPlan:
+    """One task of this command: its spec, splits (while still needed) and its part of the key."""
+
+    spec: object
+    splits: dict | None
+    setting: dict
+
+
+class EpochCheckpoints:
+    """OUT/epoch-checkpoints: one file per (model, task, seed) whose training has not finished."""
+
+    def __init__(self, out: Path):
+        self.dir = out / CHECKPOINT_DIR
+        if self.dir.exists() and not (self.dir / CHECKPOINT_MARKER).is_file():
+            raise DetourError(f"{self.dir} exists and was not made by detour eval (no {CHECKPOINT_MARKER} in it); "
+                              "move it away or use another --out")
+
+    def path(self, model: str, task: str, seed: int) -> Path:
+        def slug(text):
+            return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "x"
+
+        # the display name for people, a hash of the full reference for uniqueness
+        digest = hashlib.sha256(model.encode("utf-8")).hexdigest()[:8]
+        return self.dir / f"{slug(display_name(model))}-{digest}.{slug(task)}.seed{seed}.pt"
+
+    def ready(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        marker = self.dir / CHECKPOINT_MARKER
+        if not marker.exists():
+            write_text(marker, "Epoch checkpoints of unfinished detour eval runs: a rerun resumes from them.\n"
+                               "detour eval removes each once its run is finished.\n")
+
+    def remove(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+        # the folder goes with its last checkpoint; anything else in it keeps it
+        if self.dir.is_dir() and [p.name for p in self.dir.iterdir()] == [CHECKPOINT_MARKER]:
+            (self.dir / CHECKPOINT_MARKER).unlink()
+            self.dir.rmdir()
+
+
 def run(args) -> int:
     if args.list_tasks:
         for name in shipped_tasks():
@@ -148,85 +257,238 @@ def run(args) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     specs = _specs(args)
     budget = Budget(args.epochs, args.max_train, args.max_eval, args.max_length, args.lr, args.batch_size)
-    config = {
-        "models": list(args.models), "tasks": [s.name for s in specs], "seeds": list(range(args.seeds)),
-        "epochs": args.epochs, "max_train": args.max_train, "max_eval": args.max_eval,
-        "max_length": args.max_length, "lr": args.lr, "batch_size": args.batch_size,
-        "linear_probe": bool(args.linear_probe),
-    }
     total = len(args.models) * len(specs) * args.seeds
-    stop, state = _Stop(), {"doing": "starting", "finished": 0}
+    stop, state = _Stop(), {"doing": "starting", "finished": 0, "saved_epoch": None, "checkpoint": None}
     try:
         with stop.installed():  # from here on, a signal can never leave a file half-written
-            out_dir = _evaluate(args, specs, budget, config, stop, state)
+            out_dir = _evaluate(args, specs, budget, stop, state)
     except BaseException as exc:
         # After a signal, whatever a library underneath made of it, this is the stop it asked for.
         if not (stop.signum or isinstance(exc, KeyboardInterrupt)):
             raise
         name = signal.Signals(stop.signum).name if stop.signum else "Ctrl-C"
-        dropped = "; that run is dropped" if state["doing"].startswith("fine-tuning") else ""
-        saved = (f" and saved in {Path(args.out) / 'results.json'} (and results.md)" if state["finished"]
-                 else "; nothing was written")
-        print(f"detour eval: stopped by {name} while {state['doing']}{dropped}. {state['finished']} of {total} "
-              f"run(s) are finished{saved}. Rerun the same command to resume: finished runs are skipped.",
+        where = ""
+        if state["doing"].startswith("fine-tuning"):
+            saved = state["saved_epoch"]
+            where = (f"; epoch {saved} of that seed is saved in {state['checkpoint']} and the rerun resumes it at "
+                     f"epoch {saved + 1}" if saved else "; no epoch of that seed had finished, so it starts afresh on the rerun")
+        kept = (f" and saved in {Path(args.out) / 'results.json'} (and results.md)" if state["finished"]
+                else "")
+        print(f"detour eval: stopped by {name} while {state['doing']}{where}. {state['finished']} of {total} "
+              f"run(s) are finished{kept}. Rerun the same command to resume: finished runs are reused.",
               file=sys.stderr)
         return RESUMABLE_EXIT
     print(f"results: {out_dir / 'results.json'} and results.md")
     return 0
 
 
-def _evaluate(args, specs, budget: Budget, config: dict, stop: _Stop, state: dict) -> Path:
-    """Every (model, task, seed) not yet in OUT/results.json; `state` says how far it got."""
+def _say(text: str) -> None:
+    """A line on stdout, flushed at once: a log file or a pipe shows it when it happens."""
+    print(text, flush=True)
+
+
+def _groups(rows: list[tuple[str, str, int, str]]) -> list[str]:
+    """(model, task, seed, why) rows as one line per model, task and reason: `model task seeds 0-2 (why)`."""
+    grouped: dict[tuple[str, str, str], list[int]] = {}
+    for model, task, seed, why in rows:
+        grouped.setdefault((model, task, why), []).append(seed)
+    return [f"{display_name(m)} {t} {seed_list(seeds)}" + (f" ({why})" if why else "")
+            for (m, t, why), seeds in grouped.items()]
+
+
+def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheckpoints, state: dict):
+    """Which runs are reused, which run, and which are refused, from the per-run keys; before any training."""
+    from detour.analysis.models import weights_hash
+
+    state["doing"] = "reading and checking the tasks"
+    every_split = validate_tasks(specs, budget)  # a bad spec or data file fails here, before any model loads
+    weights = {}
+    for model in args.models:
+        state["doing"] = f"hashing the weights of {display_name(model)}"
+        weights[model] = weights_hash(model)
+    options = {"epochs": args.epochs, "max_train": args.max_train, "max_eval": args.max_eval,
+               "max_length": args.max_length, "lr": args.lr, "batch_size": args.batch_size,
+               "linear_probe": bool(args.linear_probe)}
+    tasks: list[TaskPlan] = []
+    for spec in specs:
+        splits = every_split.pop(spec.name)
+        setting = setting_of({"spec": spec_record(spec), "data_sha256": examples_sha256(capped_examples(splits, budget)),
+                              "options": options})
+        tasks.append(TaskPlan(spec, splits, setting))
+    seeds = list(range(args.seeds))
+    planned = {(m, tp.spec.name, s) for tp in tasks for m in args.models for s in seeds}
+    reused, todo, report = [], [], {"reused": [], "rerun": [], "new": [], "resume": []}
+    for tp in tasks:
+        for model in args.models:
+            for seed in seeds:
+                key = {"weights": weights[model], "seed": seed, **tp.setting}
+                old = results.find(model, tp.spec.name, seed)
+                if old is not None and run_key(old) == key:
+                    reused.append((model, tp.spec.name, seed))
+                    report["reused"].append((model, tp.spec.name, seed, "unchanged"))
+                    continue
+                todo.append((tp, model, seed, key))
+                if old is not None:
+                    report["rerun"].append((model, tp.spec.name, seed, key_changes(run_key(old), key)))
+                else:
+                    report["new"].append((model, tp.spec.name, seed, ""))
+    # Runs this command does not redo must share its settings wherever they share a table with it:
+    # a task's column (one task setting) and a model's row (one set of weights).
+    settings = {tp.spec.name: tp.setting for tp in tasks}
+    conflicts, kept = [], []
+    for run in results.runs:
+        where = (run["model"], run["task"], run["seed"])
+        if where in planned:
+            continue
+        key, now = run_key(run), None  # `now`: the key this command would give the run
+        if run["task"] in settings or run["model"] in weights:
+            now = dict(key or {})
+            now.update(settings.get(run["task"], {}))
+            if run["model"] in weights:
+                now["weights"] = weights[run["model"]]
+        if now is not None and key != now:
+            conflicts.append((*where, key_changes(key, now)))
+        else:
+            kept.append((*where, "not asked for this time"))
+    if conflicts:
+        hints = set()
+        for model, task, seed, _ in conflicts:
+            if model not in weights:
+                hints.add(f"add the model {model}")
+            if task not in settings:
+                hints.add(f"add {task} to --tasks")
+            if model in weights and task in settings:
+                hints.add(f"--seeds {max(s for _, _, s, _ in conflicts) + 1}")
+        raise DetourError(
+            f"{results.out / 'results.json'} holds runs made with other settings that this command would not redo, "
+            "and one table would then mix two setups: " + "; ".join(_groups(conflicts))
+            + f". Redo them too ({', '.join(sorted(hints))}), or use another --out.")
+    # Epoch checkpoints: resume those saved with this run's key; any other is stale (detour's own: removed).
+    resumable = {}
+    for tp, model, seed, key in todo:
+        path = checkpoints.path(model, tp.spec.name, seed)
+        if not path.exists():
+            continue
+        try:
+            saved = read_checkpoint(path, mmap=True)
+            stale = None if saved["key"] == json.dumps(key, sort_keys=True) else "saved with other settings"
+        except DetourError as exc:
+            stale = str(exc)
+        if stale:
+            _say(f"discarded the epoch checkpoint of {display_name(model)} {tp.spec.name} seed {seed} ({stale}); "
+                 "that seed starts afresh")
+            checkpoints.remove(path)
+            continue
+        resumable[model, tp.spec.name, seed] = saved["epoch"]
+        report["resume"].append((model, tp.spec.name, seed, f"epochs 1-{saved['epoch']} saved" if saved["epoch"] > 1
+                                 else "epoch 1 saved"))
+    report["new"] = [r for r in report["new"] if r[:3] not in resumable]  # said once, as a resume
+    for model, task, seed in reused:  # finished, but stopped before its checkpoint was removed
+        path = checkpoints.path(model, task, seed)
+        if path.exists():
+            checkpoints.remove(path)
+    report["kept"] = kept
+    for tp in tasks:
+        if not any(t is tp for t, *_ in todo):
+            tp.splits = None  # every run of the task is cached: its splits were needed for the key only
+    return tasks, weights, reused, todo, report, resumable
+
+
+def _evaluate(args, specs, budget: Budget, stop: _Stop, state: dict) -> Path:
+    """Every (model, task, seed) of the command not cached in OUT/results.json; `state` says how far it got."""
     out_dir = ensure_output_dir(args.out, "--out")  # a file or a read-only folder fails before any training
-    results = Results.open(out_dir, config)
-    state["finished"] = len(results.runs)
+    results = Results.open(out_dir)
+    checkpoints = EpochCheckpoints(out_dir)
+    tasks, weights, reused, todo, report, resumable = _plan(args, specs, budget, results, checkpoints, state)
+    state["finished"] = len(reused)
+    total = len(args.models) * len(specs) * args.seeds
+    for label in ("reused", "rerun", "new", "resume", "kept"):
+        for line in _groups(report[label]):
+            _say(f"{label}: {line}")
     if results.runs:
         with stop.writes():
             results.write()  # results.md from the runs so far, even when this rerun has nothing left to do
-    done = results.done()
-    total = len(config["models"]) * len(specs) * len(config["seeds"])
+    _say(f"{len(todo)} of {total} run(s) to do; results go to {out_dir / 'results.json'}")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn()]
-    with Progress(*columns) as progress:
-        progress.console.print(f"{total - len(done)} of {total} run(s) to do; results go to {out_dir / 'results.json'}")
-        for spec in specs:
-            todo = [(m, s) for m in args.models for s in config["seeds"] if (m, spec.name, s) not in done]
-            if not todo:
+    with Progress(*columns, disable=not sys.stdout.isatty()) as progress:  # a log gets the epoch lines, not bars
+        for tp in tasks:
+            task_todo = [(m, s, key) for t, m, s, key in todo if t is tp]
+            if not task_todo:
                 continue
-            state["doing"] = f"reading task {spec.name}"
-            splits = load_splits(spec)
+            spec = tp.spec
             for model in args.models:
-                seeds = [s for m, s in todo if m == model]
+                seeds = [(s, key) for m, s, key in task_todo if m == model]
                 if not seeds:
                     continue
                 state["doing"] = f"preparing {display_name(model)} for {spec.name}"
-                prep = prepare_task(spec, model, budget, splits)
-                recorded = {"spec": spec_record(spec), "data_sha256": examples_sha256(prep.examples),
-                            "linear_probe": bool(args.linear_probe)}
+                prep = prepare_task(spec, model, budget, tp.splits)
+                if examples_sha256(prep.examples) != tp.setting["data_sha256"]:
+                    raise DetourError(f"task {spec.name}: the examples prepared for {display_name(model)} are not "
+                                      "those the cache key was computed from (the caps disagree); please report this")
                 steps = prep.epochs * -(-len(prep.features["train"]) // prep.batch_size)
-                for seed in seeds:
-                    state["doing"] = f"fine-tuning {display_name(model)} {spec.name} seed {seed}"
-                    bar = progress.add_task(f"{display_name(model)} {spec.name} seed {seed}", total=steps, loss=float("nan"))
-                    started = time.time()
-                    out = finetune(model, prep, seed, args.linear_probe, args.device,
-                                   on_step=lambda loss, bar=bar: progress.update(bar, advance=1, loss=loss))
-                    with stop.writes():  # a signal now waits until results.json and results.md are whole
-                        results.add({
-                            "model": model, "task": spec.name, "seed": seed, "headline": spec.headline,
-                            "metrics": out["metrics"], "selected_epoch": out["selected_epoch"],
-                            "budget": {
-                                "epochs": prep.epochs, "train_examples": len(prep.examples["train"]),
-                                "validation_examples": len(prep.examples["validation"]),
-                                "eval_examples": len(prep.examples["test"]), "max_length": prep.max_length,
-                                "lr": prep.lr, "batch_size": prep.batch_size, "labels": len(prep.labels),
-                            },
-                            **recorded,
-                            "timings": {**out["timings"], "wall_s": round(time.time() - started, 3)},
-                            "validation": out["validation"],
-                        })
-                        state["finished"] = len(results.runs)
-                        state["doing"] = "between runs"
-                        head = out["metrics"][spec.headline]
-                        progress.console.print(f"{display_name(model)} {spec.name} seed {seed}: {spec.headline} = {head:.4f} (epoch {out['selected_epoch']})")
+                for seed, key in seeds:
+                    _run_seed(args, spec, model, seed, key, prep, weights[model], results, checkpoints,
+                              resumable.get((model, spec.name, seed), 0), steps, progress, stop, state)
+            tp.splits = None
     return out_dir
+
+
+def _run_seed(args, spec, model, seed, key, prep, weights, results, checkpoints, resume_epoch, steps, progress, stop, state):
+    """Fine-tune one (model, task, seed), printing a line per epoch, and record it."""
+    name = f"{display_name(model)} {spec.name} seed {seed}"
+    path = checkpoints.path(model, spec.name, seed)
+    checkpoints.ready()
+    state.update(doing=f"fine-tuning {name}", saved_epoch=resume_epoch or None, checkpoint=path)
+    if resume_epoch:
+        _say(f"{name}: resuming at epoch {resume_epoch + 1}/{prep.epochs} from {path}")
+    per_epoch = steps // prep.epochs
+    bar = progress.add_task(name, total=steps, completed=resume_epoch * per_epoch, loss=float("nan"))
+    started, epoch_times = time.time(), []
+
+    def on_epoch(info):
+        state["saved_epoch"] = info["epoch"]
+        epoch_times.append(info["seconds"])
+        left = (info["epochs"] - info["epoch"]) * sum(epoch_times) / len(epoch_times)
+        _say(f"{name} epoch {info['epoch']}/{info['epochs']}: dev {spec.headline} {info['score']:.4f}, "
+             f"{info['seconds']:.1f} s, ETA {_duration(left)}")
+
+    try:
+        out = finetune(model, prep, seed, args.linear_probe, args.device,
+                       on_step=lambda loss: progress.update(bar, advance=1, loss=loss), on_epoch=on_epoch,
+                       checkpoint=path, checkpoint_key=json.dumps(key, sort_keys=True))
+    except BaseException:
+        if not path.exists():
+            checkpoints.remove(path)  # stopped before its first epoch: no empty folder stays behind
+        raise
+    record = {
+        "model": model, "task": spec.name, "seed": seed, "headline": spec.headline,
+        "metrics": out["metrics"], "selected_epoch": out["selected_epoch"],
+        "budget": {
+            "epochs": prep.epochs, "train_examples": len(prep.examples["train"]),
+            "validation_examples": len(prep.examples["validation"]),
+            "eval_examples": len(prep.examples["test"]), "max_length": prep.max_length,
+            "lr": prep.lr, "batch_size": prep.batch_size, "labels": len(prep.labels),
+        },
+        "spec": spec_record(spec), "data_sha256": key["data_sha256"], "linear_probe": bool(args.linear_probe),
+        "weights_sha256": weights, "options": key["options"],
+        "timings": {**out["timings"], "wall_s": round(time.time() - started, 3)},
+        "validation": out["validation"],
+    }
+    if out["resumed_after_epoch"]:
+        record["resumed_after_epoch"] = out["resumed_after_epoch"]
+    with stop.writes():  # a signal now waits until results.json, results.md and the checkpoint are settled
+        results.add(record)
+        checkpoints.remove(path)
+        state.update(finished=state["finished"] + 1, doing="between runs", saved_epoch=None)
+    _say(f"{name}: {spec.headline} = {out['metrics'][spec.headline]:.4f} (epoch {out['selected_epoch']})")
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"

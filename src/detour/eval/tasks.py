@@ -9,9 +9,11 @@ metric, max length and training settings. Two registries map names to code:
 - `FORMATS`: format name -> reader `read(path, spec) -> list[dict]` (one dict per example).
 - `TASK_TYPES`: type name -> a `TaskType` object (encode examples, build the head, decode, score).
 
-Plugins register with one line (`@register_format("brat_nested")`, `register_task_type(...)`)
-in their own module, listed in `PLUGIN_MODULES`; this module imports none of them at import time,
-so any plugin can import it without a cycle.
+Plugins register with one line (`@register_format("brat_nested", options=(...))`,
+`register_task_type(...)`) in their own module, listed in `PLUGIN_MODULES`; this module imports
+none of them at import time, so any plugin can import it without a cycle. A format that declares
+its `options` (and a task type its `spec_options`) gets misspelt option keys reported instead of
+silently ignored (see detour.eval.validate).
 """
 
 from __future__ import annotations
@@ -35,16 +37,23 @@ PLUGIN_MODULES: list[str] = [
 ]
 
 FORMATS: dict[str, Callable[..., list[dict]]] = {}
+FORMAT_OPTIONS: dict[str, frozenset[str]] = {}  # format -> the `options` keys its reader reads
 TASK_TYPES: dict[str, Any] = {}
 
 SPEC_DIR = Path(__file__).with_name("tasks")
 
 
-def register_format(name: str):
-    """Decorator: `@register_format("iob")` on `def read(path: Path, spec: TaskSpec) -> list[dict]`."""
+def register_format(name: str, options: tuple[str, ...] | None = None):
+    """Decorator: `@register_format("iob", options=("columns",))` on
+    `def read(path: Path, spec: TaskSpec, split: str = "") -> list[dict]`. `options` lists the
+    spec.options keys the reader reads; None (not declared) leaves option keys unchecked."""
 
     def deco(fn):
         FORMATS[name] = fn
+        if options is not None:
+            FORMAT_OPTIONS[name] = frozenset(options)
+        else:
+            FORMAT_OPTIONS.pop(name, None)
         return fn
 
     return deco
@@ -173,8 +182,77 @@ def load_spec(name_or_path: str | Path, data_root: str | Path | None = None) -> 
     try:
         spec = TaskSpec.model_validate(raw)
     except ValidationError as exc:
-        lines = [f"{'.'.join(str(x) for x in e['loc']) or '(spec)'}: {e['msg']}" for e in exc.errors()]
+        lines = [_field_error(e) for e in exc.errors()]
         raise DetourError(f"{path}: invalid task spec:\n  " + "\n  ".join(lines)) from None
-    get_task_type(spec.type)
-    get_format(spec.format)
+    from detour.eval.validate import check_spec  # validate imports this module: imported here, not at the top
+
+    check_spec(spec)  # type, format, option keys, headline: before any data is read
     return spec
+
+
+# The models whose fields a spec key can belong to, by where the key sits.
+_SECTIONS = {(): TaskSpec, ("training",): Training, ("split",): SplitRule}
+
+
+def _field_error(err: dict) -> str:
+    """One pydantic error as `field: message`; an unknown key also lists the known ones."""
+    loc = tuple(str(x) for x in err["loc"])
+    line = f"{'.'.join(loc) or '(spec)'}: {err['msg']}"
+    model = _SECTIONS.get(loc[:-1])
+    if err["type"] == "extra_forbidden" and model is not None:
+        known = [k for k in model.model_fields if k not in ("source", "root")]
+        line += f" (unknown key; known: {', '.join(known)})"
+    return line
+
+
+def load_specs(tasks: list[str], spec_files: list[str], data_root: str | Path | None = None) -> list[TaskSpec]:
+    """The specs of `detour eval --tasks a,b --task-spec FILE ...`, each task once.
+
+    A `--tasks` entry is a shipped task name, a spec file, or the `name:` of one of the
+    `--task-spec` files (then it means that file, so `--task-spec specs/x.yaml --tasks x` runs x
+    once). Order: the `--tasks` entries, then the `--task-spec` files no entry named.
+    """
+    if not tasks and not spec_files:
+        raise DetourError("no task: give --tasks a,b,c and/or --task-spec FILE (see --list-tasks)")
+    problems: list[str] = []
+
+    def load(name_or_path):  # every spec's problems are reported together, not the first one only
+        try:
+            return load_spec(name_or_path, data_root)
+        except DetourError as exc:
+            problems.append(str(exc))
+            return None
+
+    from_files = [s for s in map(load, spec_files) if s is not None]
+    picked: list[TaskSpec] = []
+    used: set[int] = set()
+    for entry in tasks:
+        match = next((i for i, s in enumerate(from_files) if entry == s.name or _same_file(entry, s.source)), None)
+        if match is None:
+            if problems and not Path(entry).exists() and entry not in shipped_tasks():
+                continue  # most likely the name of a spec file that failed to load: already reported
+            spec = load(entry)
+            if spec is not None:
+                picked.append(spec)
+        elif match in used:
+            raise DetourError(f"task {entry!r} given twice in --tasks")
+        else:
+            used.add(match)
+            picked.append(from_files[match])
+    if problems:
+        raise DetourError("\n".join(problems))
+    picked += [s for i, s in enumerate(from_files) if i not in used]
+    seen: dict[str, str] = {}
+    for s in picked:
+        if s.name in seen:
+            raise DetourError(f"task {s.name!r} given twice ({seen[s.name]} and {s.source}); "
+                              "each task name may appear once (rename one spec's `name:`)")
+        seen[s.name] = s.source
+    return picked
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return Path(a).exists() and Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False

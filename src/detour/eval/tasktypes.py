@@ -23,9 +23,30 @@ from detour.eval.tasks import TaskSpec, register_task_type
 
 
 class TaskType:
-    """Interface (and shared helpers) of a task type."""
+    """Interface (and shared helpers) of a task type.
+
+    The class attributes below let `detour.eval.validate` check a spec and its data before any
+    training; a task type that leaves them None is simply not checked on that point.
+    """
 
     name = ""
+    metrics: tuple[str, ...] | None = None  # the metric names `score` returns whatever the labels
+    per_type_f1 = False  # whether `score` also returns `f1/<type>` for each type of the label set
+    example_keys: tuple[str, ...] | None = None  # keys every example of this type needs
+    spec_options: tuple[str, ...] | None = None  # spec.options keys the type reads (besides the reader's)
+
+    def metric_names(self, labels: list[str] | None) -> list[str] | None:
+        """Every name a spec may give as `headline` (per-type names only once labels are known)."""
+        if self.metrics is None:
+            return None
+        per_type = [f"f1/{t}" for t in self.types(labels)] if self.per_type_f1 and labels else []
+        return [*self.metrics, *per_type]
+
+    def types(self, labels: list[str]) -> list[str]:
+        """The types behind `f1/<type>` metrics, from the label set."""
+        return list(labels)
+
+    gold_labels = None  # optional: examples -> set of the labels (entity types) in their gold
 
     def label_set(self, spec: TaskSpec, train: list[dict]) -> list[str]:
         raise NotImplementedError
@@ -60,9 +81,23 @@ class TokenClassification(TaskType):
     """Flat NER: word tags (IOB2 or IOBES) on each word's first sub-token, -100 elsewhere."""
 
     name = "ner"
+    metrics = ("micro_f1", "macro_f1", "precision", "recall")
+    per_type_f1 = True
+    example_keys = ("tokens", "tags")
+    spec_options = ()
+
+    def types(self, labels):
+        return sorted({t[2:] for t in labels if t != "O"})
+
+    def gold_labels(self, examples):
+        return {t[2:] for ex in examples for t in ex["tags"] if t != "O"}
 
     def label_set(self, spec, train):
         found = sorted({t for ex in train for t in ex["tags"]} - {"O"}, key=lambda t: (t[2:], t))
+        if spec.labels is not None and "O" not in spec.labels:
+            # index 0 stands for O in encode, so a label list without O would mislabel every outside word
+            raise DetourError(f"{spec.source or 'task ' + spec.name}: labels: a ner label list needs 'O' "
+                              f"(and the B-/I-/E-/S- tags), got {spec.labels}")
         labels = spec.labels or ["O", *found]
         _check_labels({t for ex in train for t in ex["tags"]}, labels, spec, "tags")
         return labels
@@ -120,6 +155,12 @@ class TextClassification(TaskType):
     """Single-label classification of a text (linear head on CLS or mean pooling)."""
 
     name = "classification"
+    metrics = ("accuracy", "micro_f1", "macro_f1", "weighted_f1")
+    example_keys = ("text", "label")
+    spec_options = ()
+
+    def gold_labels(self, examples):
+        return {ex["label"] for ex in examples}
 
     def label_set(self, spec, train):
         labels = spec.labels or sorted({ex["label"] for ex in train})
@@ -159,6 +200,12 @@ class MultiLabelClassification(TaskType):
 
     name = "multilabel"
     max_pos_weight = 30.0
+    metrics = ("accuracy", "micro_f1", "macro_f1", "weighted_f1", "samples_f1")
+    example_keys = ("text", "labels")
+    spec_options = ()
+
+    def gold_labels(self, examples):
+        return {lab for ex in examples for lab in ex["labels"]}
 
     def label_set(self, spec, train):
         labels = spec.labels or sorted({lab for ex in train for lab in ex["labels"]})
