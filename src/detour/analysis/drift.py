@@ -18,14 +18,14 @@ OUT/drift.png (heat map) and OUT/drift.json (atomically) and prints a table.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 
 from detour.analysis.models import check_same_depth, load_config, weights_hash
 from detour.errors import DetourError
-from detour.io import atomic_write
+from detour.quiet import quiet_transformers
+from detour.analysis.outputs import save_figure, write_result
 from detour.model.freeze import _LAYER_PARTS, _is_norm, describe_groups, layer_group_ranges
 from detour.model.load import SUPPORTED_MODEL_TYPES
 
@@ -85,19 +85,12 @@ def load_weights(path: str, ref: str):
     """
     import torch
     from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
 
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
     try:
-        model, info = AutoModel.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        with quiet_transformers():
+            model, info = AutoModel.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
     except (OSError, ValueError) as exc:
         raise DetourError(f"model {ref}: cannot load an encoder from {path} ({exc})") from exc
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:  # as it was: a caller that silenced the bars keeps them silent
-            hf_logging.enable_progress_bar()
     missing = set(info.get("missing_keys", ()))
     return model.eval().requires_grad_(False), {n for n, _ in model.named_parameters() if n not in missing}
 
@@ -278,16 +271,12 @@ def plot(result: dict, path: Path) -> None:
     ax.set_title(f"relative weight change, A = {_label(cfg['model_a'])}\nagainst B = {_label(cfg['model_b'])}",
                  fontsize=9)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    save_figure(fig, path)
     plt.close(fig)
 
 
 def write_outputs(result: dict, out: Path) -> None:
-    """OUT/drift.png, then OUT/drift.json (written last: its presence means the run completed)."""
-    out.mkdir(parents=True, exist_ok=True)
-    plot(result, out / "drift.png")
-    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
-    atomic_write(out / "drift.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    write_result(out, "drift", result, plot)
 
 
 def print_table(result: dict) -> None:

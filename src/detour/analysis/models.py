@@ -14,6 +14,7 @@ import hashlib
 from pathlib import Path
 
 from detour.errors import DetourError
+from detour.quiet import quiet_transformers
 from detour.paths import resolve_model_ref
 
 def load_config(ref: str):
@@ -32,22 +33,15 @@ def load_config(ref: str):
 def load_encoder(path: str, ref: str):
     import torch
     from transformers import AutoModel, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     # An MLM checkpoint loaded as its bare encoder makes transformers list the unused head weights;
     # dropping the head is what we want here.
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModel.from_pretrained(path, dtype=torch.float32)
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModel.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as exc:
         raise DetourError(f"model {ref}: cannot load a tokenizer and encoder from {path} ({exc})") from exc
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:  # as it was: a caller that silenced the bars keeps them silent
-            hf_logging.enable_progress_bar()
     return model.eval().requires_grad_(False), tokenizer
 
 

@@ -14,7 +14,6 @@ OUT/cka.png (atomically) and prints a table.
 
 from __future__ import annotations
 
-import json
 import statistics
 from argparse import RawDescriptionHelpFormatter
 import time
@@ -25,7 +24,7 @@ from detour.analysis.cka import layer_features, linear_cka
 from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, load_encoder, weights_hash
 from detour.analysis.texts import is_synthetic, sample_texts
 from detour.errors import DetourError
-from detour.io import atomic_write
+from detour.analysis.outputs import add_text_arguments, save_figure, write_result
 
 SCHEMA = "detour.cka/1"
 
@@ -141,16 +140,12 @@ def plot(result: dict, path: Path) -> None:
                  + (" (synthetic texts)" if cfg["synthetic_texts"] else ""), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    save_figure(fig, path)
     plt.close(fig)
 
 
 def write_outputs(result: dict, out: Path) -> None:
-    """OUT/cka.png, then OUT/cka.json (written last: its presence means the run completed)."""
-    out.mkdir(parents=True, exist_ok=True)
-    plot(result, out / "cka.png")
-    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
-    atomic_write(out / "cka.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    write_result(out, "cka", result, plot)
 
 
 def _d(value: float) -> str:
@@ -220,16 +215,7 @@ def add_arguments(parser) -> None:
     p.add_argument("model_b", help="second encoder (the MLM baseline)")
     p.add_argument("--noise-floor", metavar="MODEL_C",
                    help="an MLM twin of MODEL_B trained with another seed: adds d(C, B) and r = d(A, B) / d(C, B)")
-    p.add_argument("--texts", default="synthetic",
-                   help="held-out texts: 'synthetic' (default; generator seeds 10000+) or a corpus file "
-                        "(.txt one a line, .jsonl, .parquet) sampled per seed")
-    p.add_argument("--text-field", default="text", help="JSONL/Parquet field holding the text (default text)")
-    p.add_argument("--lang", default="en", choices=("en", "fr"), help="language of the synthetic texts")
-    p.add_argument("--n", type=int, default=500, help="texts per seed (default 500, as in the paper)")
-    p.add_argument("--seeds", type=int, default=3, help="independent text samples to average over (default 3)")
-    p.add_argument("--max-length", type=int, default=256, help="tokens per text, special tokens included (default 256)")
-    p.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default 16)")
-    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    add_text_arguments(p)
     p.add_argument("--out", type=Path, default=Path("runs/cka"), help="output folder (default runs/cka)")
 
 

@@ -33,7 +33,7 @@ from detour.analysis.cka import layer_features, linear_cka
 from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, load_encoder, weights_hash
 from detour.analysis.texts import is_synthetic, sample_texts
 from detour.errors import DetourError
-from detour.io import atomic_write
+from detour.analysis.outputs import add_text_arguments, save_figure, write_result
 from detour.model.freeze import describe_groups, layer_group_ranges
 from detour.paths import ALIASES, resolve_model_ref
 
@@ -399,7 +399,7 @@ def plot(result: dict, path: Path) -> None:
                  f"(bars: std over seeds)" + (" (synthetic texts)" if cfg["synthetic_texts"] else ""), fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -408,11 +408,7 @@ def _span(layers: list[int]) -> str:
 
 
 def write_outputs(result: dict, out: Path) -> None:
-    """OUT/trajectory.png, then OUT/trajectory.json (written last: its presence means the run completed)."""
-    out.mkdir(parents=True, exist_ok=True)
-    plot(result, out / "trajectory.png")
-    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
-    atomic_write(out / "trajectory.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    write_result(out, "trajectory", result, plot)
 
 
 def print_table(result: dict) -> None:
@@ -462,17 +458,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--phase", help="the phase to follow (default: the last phase of RUN_A's recipe)")
     parser.add_argument("--points", metavar="T1,T2,...",
                         help="only these token counts into the phase (e.g. 0,250M,1B; default: every common point)")
-    parser.add_argument("--texts", default="synthetic",
-                        help="held-out texts: 'synthetic' (default; generator seeds 10000+) or a corpus file "
-                             "(.txt one a line, .jsonl, .parquet) sampled per seed")
-    parser.add_argument("--text-field", default="text", help="JSONL/Parquet field holding the text (default text)")
-    parser.add_argument("--lang", default="en", choices=("en", "fr"), help="language of the synthetic texts")
-    parser.add_argument("--n", type=int, default=500, help="texts per seed (default 500, as in the paper)")
-    parser.add_argument("--seeds", type=int, default=3, help="independent text samples to average over (default 3)")
-    parser.add_argument("--max-length", type=int, default=256,
-                        help="tokens per text, special tokens included (default 256)")
-    parser.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default 16)")
-    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    add_text_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("runs/trajectory"),
                         help="output folder (default runs/trajectory)")
 

@@ -18,7 +18,6 @@ mean and std. Writes OUT/transplant.png, then OUT/transplant.json, and prints a 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -29,7 +28,8 @@ import time
 from pathlib import Path
 
 from detour.errors import DetourError
-from detour.io import atomic_write
+from detour.quiet import quiet_transformers
+from detour.analysis.outputs import save_figure, write_result
 
 SCHEMA = "detour.transplant/1"
 HELP = "copy parameter blocks of the detour model into the baseline and probe the recovered gap"
@@ -245,28 +245,11 @@ def _load_mlm(path: str):
     return model.eval().requires_grad_(False)
 
 
-@contextlib.contextmanager
-def _quiet_transformers():
-    """No progress bars or load reports: every model is written and read many times, and the probe's
-    AutoModel reports a BERT pooler that no masked-LM checkpoint has (the heads do not read it)."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:  # as it was: a caller that silenced the bars keeps them silent
-            hf_logging.enable_progress_bar()
-
-
 def _save_encoder(model, tokenizer, path: Path, info: dict) -> None:
     """The encoder body (no MLM head) and the tokenizer, as the probe loads them (AutoModel)."""
     if path.exists():
         shutil.rmtree(path)  # ours (checked by its marker before the run started)
-    with _quiet_transformers():
+    with quiet_transformers():
         model.base_model.save_pretrained(path)
         tokenizer.save_pretrained(path)
     (path / MARKER).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -315,7 +298,7 @@ def _probe_arms(models: dict, tokenizers: dict, names: dict[str, set[str]], prep
             scores[arm][prep.spec.name] = []
             for seed in range(seeds):
                 started = time.time()
-                with _quiet_transformers():
+                with quiet_transformers():
                     result = ft.finetune(str(folder), prep, seed, linear_probe=True, device=device)
                 f1 = float(result["metrics"][prep.spec.headline])
                 scores[arm][prep.spec.name].append(f1)
@@ -484,16 +467,12 @@ def plot(result: dict, path: Path) -> None:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    save_figure(fig, path)
     plt.close(fig)
 
 
 def write_outputs(result: dict, out: Path) -> None:
-    """OUT/transplant.png, then OUT/transplant.json (written last: its presence means the run completed)."""
-    out.mkdir(parents=True, exist_ok=True)
-    plot(result, out / "transplant.png")
-    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
-    atomic_write(out / "transplant.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    write_result(out, "transplant", result, plot)
 
 
 def _pm(mean, std, scale: float = 1.0, digits: int = 1) -> str:

@@ -27,9 +27,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 from transformers.activations import gelu
-from transformers.utils import logging as hf_logging
 
 from detour.errors import DetourError
+from detour.quiet import quiet_transformers
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +176,8 @@ def _load_pretrained(source, attn_implementation, trust_remote_code, seed) -> Pr
     _check_type(hf_config.model_type, f"model {source}")
     # transformers warns "newly initialized" about the head of a head-less checkpoint; we say it
     # once ourselves below, in words that match what happens (a fresh head, decoder tied).
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
     try:
-        with torch.random.fork_rng(devices=[]):
+        with quiet_transformers(), torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
             model, info = AutoModelForMaskedLM.from_pretrained(
@@ -193,10 +190,6 @@ def _load_pretrained(source, attn_implementation, trust_remote_code, seed) -> Pr
             )
     except (OSError, ValueError) as exc:
         raise DetourError(f"model: cannot load {source} as a masked LM: {exc}") from exc
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:  # as it was: a caller that silenced the bars keeps them silent
-            hf_logging.enable_progress_bar()
     model.extra_export_weights = _unused_pretrained_weights(source, model, info.get("unexpected_keys", ()))
     missing = set(info.get("missing_keys", ()))
     head_names = {n for n, _ in model.named_parameters() if _is_head_param(model, n)}

@@ -35,7 +35,8 @@ from detour.io import write_json
 from detour.train.branch import branch_start, parent_metrics, stream_continuity
 from detour.train.checkpoint import checkpoint_folders, latest_checkpoint, restore_checkpoint, save_checkpoint
 from detour.train.distributed import World, init_world, shutdown_world
-from detour.train.metrics import MetricsLog, Progress, quiet_transformers, write_curves
+from detour.quiet import quiet_transformers
+from detour.train.metrics import MetricsLog, Progress, write_curves
 from detour.train.schedule import lr_at
 from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, preflight, select_device
 from detour.train.trackers import Trackers

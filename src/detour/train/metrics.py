@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -277,23 +276,3 @@ def write_curves(metrics: str | Path, png: str | Path, title: str = "") -> Path 
 # -- transformers' own output -----------------------------------------------------------------
 
 
-@contextmanager
-def quiet_transformers():
-    """transformers' progress bars ("Writing model shards") and load reports off, restored on exit.
-
-    detour shows its own progress; a tqdm bar per export only fills a log file with carriage returns.
-    Usable as a decorator. The state is restored exactly, whatever code inside changed it.
-    """
-    from transformers.utils import logging as hf_logging
-
-    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-        else:
-            hf_logging.disable_progress_bar()
