@@ -1,6 +1,6 @@
 """Atomic file writes: a reader (or a rerun after a crash) never sees a half-written output.
 
-    python -c "from detour.io import write_json; write_json('/tmp/x.json', {'ok': True})"
+    python -c "from detour.io import write_json; write_json('runs/x.json', {'ok': True})"
 
 Each write goes to a hidden temporary file beside the target, then `os.replace` renames it into
 place (atomic on POSIX); on any error the temporary file is removed. A new file gets the mode a
