@@ -408,11 +408,12 @@ def _trained_tokenizer(folder, kind: str, texts: list[str]):
 
 @pytest.mark.parametrize("kind, cut", [("bytelevel", True), ("unigram", True), ("strip", False)])
 def test_cuts_keep_the_ids_of_other_tokenizer_families(shared_data, tmp_path, monkeypatch, capsys, kind, cut):
+    import detour.data.encoder as encoder_module
     import detour.data.prepare as prepare_module
     from detour.data.tokenize import separator_policy
 
-    monkeypatch.setattr(prepare_module, "CUT_CHARS", 4_000)  # many cuts in a small document
-    monkeypatch.setattr(prepare_module, "PIECE_CHARS", 1_500)
+    monkeypatch.setattr(encoder_module, "CUT_CHARS", 4_000)  # many cuts in a small document
+    monkeypatch.setattr(encoder_module, "PIECE_CHARS", 1_500)
     doc = " ".join([_pubmed_document(shared_data, 40_000), "Tension: blood pressure 120/80,  fièvre ΑΣ ﬁn."] * 2)
     tok_dir = _trained_tokenizer(tmp_path / "tok", kind, doc.split(". "))
     f = tmp_path / "doc.txt"

@@ -1,4 +1,4 @@
-"""What every analysis shares: its text options, and writing its figure then its JSON.
+"""What every analysis shares: its text and device options, and writing its figure then its JSON.
 
     python -c "from detour.analysis.outputs import write_result; \
 write_result('runs/x', 'demo', {'schema': 'demo/1'}, lambda result, path: None)"
@@ -29,6 +29,27 @@ def add_text_arguments(parser) -> None:
                         help="tokens per text, special tokens included (default 256)")
     parser.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default 16)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+
+
+def check_text_options(n: int, seeds: int, max_length: int, batch_size: int) -> None:
+    from detour.errors import DetourError
+
+    if n < 2:
+        raise DetourError(f"--n must be at least 2 (CKA compares examples with each other), got {n}")
+    if seeds < 1 or max_length < 2 or batch_size < 1:
+        raise DetourError("--seeds and --batch-size must be at least 1, --max-length at least 2")
+
+
+def select_device(device: str | None):
+    """--device, or cuda when available; a clear error for cuda on a machine without it."""
+    import torch
+
+    from detour.errors import DetourError
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DetourError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+    return dev
 
 
 def save_figure(fig, path: Path) -> None:

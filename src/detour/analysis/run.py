@@ -24,7 +24,8 @@ from detour.analysis.cka import layer_features, linear_cka
 from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, load_encoder, weights_hash
 from detour.analysis.texts import is_synthetic, sample_texts
 from detour.errors import DetourError
-from detour.analysis.outputs import add_text_arguments, save_figure, write_result
+from detour.analysis.outputs import (add_text_arguments, check_text_options, save_figure, select_device,
+                                     write_result)
 
 SCHEMA = "detour.cka/1"
 
@@ -40,21 +41,14 @@ def cka_analysis(model_a: str, model_b: str, noise_floor: str | None = None, tex
                  n: int = 500, seeds: int = 3, max_length: int = 256, batch_size: int = 16, lang: str = "en",
                  text_field: str = "text", device: str | None = None) -> dict:
     """Per-layer CKA of A with B (and of C with B) averaged over `seeds` samples of n texts."""
-    import torch
-
-    if n < 2:
-        raise DetourError(f"--n must be at least 2 (CKA compares examples with each other), got {n}")
-    if seeds < 1 or max_length < 2 or batch_size < 1:
-        raise DetourError("--seeds and --batch-size must be at least 1, --max-length at least 2")
+    check_text_options(n, seeds, max_length, batch_size)
     t0 = time.time()
     refs = {"model_a": model_a, "model_b": model_b}
     if noise_floor is not None:
         refs["noise_floor"] = noise_floor
     loaded = {role: load_config(ref) for role, ref in refs.items()}
     depth = check_same_depth(refs, {role: cfg for role, (_, cfg) in loaded.items()})
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DetourError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+    dev = select_device(device)
     samples = [sample_texts(texts, n, seed, lang=lang, text_field=text_field) for seed in range(seeds)]
     encoders = {role: load_encoder(path, refs[role]) for role, (path, _) in loaded.items()}
 

@@ -33,7 +33,8 @@ from detour.analysis.cka import layer_features, linear_cka
 from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, load_encoder, weights_hash
 from detour.analysis.texts import is_synthetic, sample_texts
 from detour.errors import DetourError
-from detour.analysis.outputs import add_text_arguments, save_figure, write_result
+from detour.analysis.outputs import (add_text_arguments, check_text_options, save_figure, select_device,
+                                     write_result)
 from detour.model.freeze import describe_groups, layer_group_ranges
 from detour.paths import ALIASES, resolve_model_ref
 
@@ -242,10 +243,7 @@ def trajectory_analysis(run_a: str, run_b: str, noise_floor: str | None = None, 
     """Per-layer and per-group d = 1 - CKA of A with B (and C with B) at each common point of `phase`."""
     import torch
 
-    if n < 2:
-        raise DetourError(f"--n must be at least 2 (CKA compares examples with each other), got {n}")
-    if seeds < 1 or max_length < 2 or batch_size < 1:
-        raise DetourError("--seeds and --batch-size must be at least 1, --max-length at least 2")
+    check_text_options(n, seeds, max_length, batch_size)
     t0 = time.time()
     runs = {"model_a": run_a, "model_b": run_b}
     if noise_floor is not None:
@@ -275,9 +273,7 @@ def trajectory_analysis(run_a: str, run_b: str, noise_floor: str | None = None, 
     depth = check_same_depth(refs, configs)
     groups = layer_group_ranges(depth)
     summaries = {**groups, "all": range(depth)}
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DetourError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+    dev = select_device(device)
     samples = [sample_texts(texts, n, seed, lang=lang, text_field=text_field) for seed in range(seeds)]
     tokenizer_paths = {}  # one per folder: twins share their start export
     for key, path in refs.items():

@@ -18,26 +18,23 @@ mean and std. Writes OUT/transplant.png, then OUT/transplant.json, and prints a 
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
 import shutil
-import statistics
 import time
 from pathlib import Path
 
 from detour.errors import DetourError
 from detour.quiet import quiet_transformers
-from detour.analysis.outputs import save_figure, write_result
+from detour.analysis.blocks import BLOCK_COMPONENTS, block_names, encoder_parameter_names, parse_block, transplant
+from detour.analysis.outputs import save_figure, select_device, write_result
+from detour.analysis.recovery import DEFAULT_MIN_GAP, average_over_tasks, gap_noise, recovery, stats
 
 SCHEMA = "detour.transplant/1"
 HELP = "copy parameter blocks of the detour model into the baseline and probe the recovered gap"
 
 DEFAULT_BLOCKS = ("low", "mid", "late", "attention", "mlp")
-BLOCK_COMPONENTS = ("attention", "mlp", "norm", "embeddings")
-# Half an F1 point: below this a gap between two probed models is not worth a ratio.
-DEFAULT_MIN_GAP = 0.005
 # Config fields that never change what the encoder body computes: bookkeeping, the head's labels,
 # and special-token ids other than padding (the tokenizer check covers which tokens they are; the
 # loader sets them from the tokenizer). pad_token_id stays compared: RoBERTa's positions depend on it.
@@ -50,122 +47,6 @@ _CONFIG_IGNORED = {
 MARKER = "transplant_block.json"
 # Texts the tokenizer check encodes: enough variety to catch a different normalisation.
 _TOKENIZER_PROBE = 16
-
-
-# ---- blocks: which parameters a block names ----
-
-def parse_block(block: str, n_layers: int) -> tuple[set[int] | None, str | None]:
-    """(layers or None for any, component or None for any) of a block; DetourError when malformed.
-
-    `all` and `none` are handled by `block_names`; here they are refused, as they have no parts.
-    """
-    from detour.model.freeze import parse_layers
-
-    layers_part, sep, component = block.partition(":")
-    if not sep:
-        if block in BLOCK_COMPONENTS:
-            return None, block
-        layers_part, component = block, None
-    elif component not in BLOCK_COMPONENTS:
-        raise DetourError(f"--blocks {block!r}: {component!r} is not a component; use one of "
-                          f"{', '.join(BLOCK_COMPONENTS)} after the colon")
-    if not layers_part:
-        raise DetourError(f"--blocks {block!r}: nothing before the colon; give layers such as low or 0-2")
-    try:
-        layers = parse_layers(layers_part, n_layers)
-    except DetourError as exc:
-        raise DetourError(f"--blocks {block!r} is not a block: {str(exc).removeprefix('freeze.layers: ')}; a block is "
-                          f"low, mid, late, layers such as 0-2, a component ({', '.join(BLOCK_COMPONENTS)}), "
-                          "both as low:attention, all, or none") from None
-    return layers, component
-
-
-def encoder_parameter_names(model) -> set[str]:
-    """Every parameter of the encoder body: all of the masked-LM model's but the head's."""
-    from detour.model.freeze import parameter_table
-
-    return {name for name, (_, component) in parameter_table(model).items() if component != "head"}
-
-
-def block_names(model, block: str) -> set[str]:
-    """Names (as in `model.named_parameters()`) of a *ForMaskedLM model's parameters in `block`."""
-    from detour.model.freeze import parameter_table
-    from detour.model.load import encoder_layers
-
-    if block == "none":
-        return set()
-    if block == "all":
-        return encoder_parameter_names(model)
-    layers, component = parse_block(block, len(encoder_layers(model)[1]))
-    names = {name for name, (layer, comp) in parameter_table(model).items()
-             if comp != "head" and (layers is None or layer in layers) and (component is None or comp == component)}
-    if not names:
-        raise DetourError(f"--blocks {block!r} selects no parameter of this model")
-    return names
-
-
-def transplant(src_model, dst_model, names: set[str]):
-    """A copy of `dst_model` whose parameters `names` are those of `src_model` (neither input changes)."""
-    import torch
-
-    src, dst_params = dict(src_model.named_parameters()), dict(dst_model.named_parameters())
-    missing = sorted(n for n in names if n not in src or n not in dst_params)
-    if missing:
-        raise DetourError(f"cannot transplant {missing[:3]}: not a parameter of both models")
-    shapes = sorted(n for n in names if src[n].shape != dst_params[n].shape)
-    if shapes:
-        raise DetourError(f"cannot transplant {shapes[:3]}: shapes differ ({tuple(src[shapes[0]].shape)} vs "
-                          f"{tuple(dst_params[shapes[0]].shape)})")
-    out = copy.deepcopy(dst_model)  # deepcopy keeps weight ties, so a tied decoder follows its embeddings
-    params = dict(out.named_parameters())
-    with torch.no_grad():
-        for name in names:
-            params[name].copy_(src[name])
-    return out
-
-
-# ---- scoring: recovery and the noise rule ----
-
-def _stats(values: list[float]) -> tuple[float | None, float | None]:
-    """Mean and sample std (0 for one value; None for none)."""
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def recovery(f1_src: list[float], f1_dst: list[float], f1_block: list[float]) -> dict:
-    """Recovery of the A-B gap per seed (seeds paired by position), its mean and std.
-
-    A seed where F1_A equals F1_B has no gap to recover: its recovery is None and the mean and std
-    are over the other seeds (None when no seed has a gap).
-    """
-    if not len(f1_src) == len(f1_dst) == len(f1_block):
-        raise ValueError("recovery pairs seeds: the three lists need one value per seed")
-    # + 0.0 turns the -0.0 of a zero recovery over a negative gap into 0.0
-    per_seed = [None if a == b else (t - b) / (a - b) + 0.0 for a, b, t in zip(f1_src, f1_dst, f1_block)]
-    mean, std = _stats([r for r in per_seed if r is not None])
-    gap = statistics.fmean(f1_src) - statistics.fmean(f1_dst)
-    of_means = None if gap == 0 else (statistics.fmean(f1_block) - statistics.fmean(f1_dst)) / gap + 0.0
-    return {"recovery_mean": mean, "recovery_std": std, "recovery_per_seed": per_seed,
-            "recovery_of_means": of_means}
-
-
-def gap_noise(f1_src: list[float], f1_dst: list[float], min_gap: float = DEFAULT_MIN_GAP) -> dict:
-    """The A-B gap and whether it is within noise: |gap| < max(min_gap, 2 x pooled seed std of A and B)."""
-    mean_a, std_a = _stats(f1_src)
-    mean_b, std_b = _stats(f1_dst)
-    pooled = math.sqrt((std_a ** 2 + std_b ** 2) / 2)
-    threshold = max(min_gap, 2 * pooled)
-    gap = mean_a - mean_b
-    return {"gap": gap, "pooled_std": pooled, "threshold": threshold, "gap_within_noise": abs(gap) < threshold}
-
-
-def _average_over_tasks(tasks: list[dict], block: str) -> dict:
-    """Per seed, the mean recovery over tasks (None where a task has none at that seed); then mean and std."""
-    rows = [t["blocks"][block]["recovery_per_seed"] for t in tasks]
-    per_seed = [None if any(r is None for r in seed) else statistics.fmean(seed) for seed in zip(*rows)]
-    mean, std = _stats([r for r in per_seed if r is not None])
-    return {"recovery_mean": mean, "recovery_std": std, "recovery_per_seed": per_seed}
 
 
 # ---- inputs: checked before any model is built or probed ----
@@ -322,11 +203,11 @@ def _task_result(prep, f1: dict[str, list[float]], blocks: list[str], min_gap: f
         **gap_noise(f1["A"], f1["B"], min_gap),
     }
     for role, arm in (("src", "A"), ("dst", "B")):
-        mean, std = _stats(f1[arm])
+        mean, std = stats(f1[arm])
         row[role] = {"f1_mean": mean, "f1_std": std, "f1_per_seed": f1[arm]}
     row["blocks"] = {}
     for block in blocks:
-        mean, std = _stats(f1[block])
+        mean, std = stats(f1[block])
         row["blocks"][block] = {"f1_mean": mean, "f1_std": std, "f1_per_seed": f1[block],
                                 **recovery(f1["A"], f1["B"], f1[block])}
     return row
@@ -338,7 +219,6 @@ def transplant_analysis(src: str, dst: str, tasks: list[str], out: Path, blocks:
                         seeds: int = 3, budget=None, data_root: str | None = None, device: str | None = None,
                         min_gap: float = DEFAULT_MIN_GAP, keep_models: bool = False, log=print) -> dict:
     """Score A, B and each transplant by linear probing on every task and seed; returns the JSON result."""
-    import torch
     from transformers import AutoTokenizer
 
     from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, weights_hash
@@ -357,9 +237,7 @@ def transplant_analysis(src: str, dst: str, tasks: list[str], out: Path, blocks:
             raise DetourError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
     if budget.lr is not None and not budget.lr > 0:
         raise DetourError(f"--lr must be > 0, got {budget.lr}")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DetourError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+    dev = select_device(device)
     t0 = time.time()
 
     refs = {"src": src, "dst": dst}
@@ -399,7 +277,7 @@ def transplant_analysis(src: str, dst: str, tasks: list[str], out: Path, blocks:
     task_rows = [_task_result(prep, {arm: scores[arm][prep.spec.name] for arm in arms}, blocks, min_gap)
                  for prep in preps]
     noisy = [t["task"] for t in task_rows if t["gap_within_noise"]]
-    average = {"blocks": {b: _average_over_tasks(task_rows, b) for b in blocks},
+    average = {"blocks": {b: average_over_tasks(task_rows, b) for b in blocks},
                "gap_within_noise": bool(noisy), "tasks_within_noise": noisy}
 
     return {

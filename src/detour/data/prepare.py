@@ -31,7 +31,7 @@ an input of the command (a source, the spec, the tokenizer folder): nothing of t
 Very long documents: the tokenizer needs about 140 bytes of memory per character it encodes at
 once (a 50 MB one-line document: some 7 GB). A document over 1,000,000 characters is therefore
 encoded in pieces of about 256K characters, cut only at a whitespace where the tokenizer is shown
-to give the same ids (see `_Encoder.cut`), so the ids on disk are exactly those of the whole
+to give the same ids (see `detour.data.encoder`), so the ids on disk are exactly those of the whole
 document. Where no such cut exists (no whitespace, a tokenizer whose normalizer or pre-tokenizer
 could act across a cut), prepare warns before encoding it, naming the document's file and line.
 """
@@ -51,21 +51,14 @@ from pathlib import Path
 
 import numpy as np
 
-from detour.data import tokenize
+from detour.data import encoder, tokenize
+from detour.data.encoder import CUT_CHARS, Encoder as _Encoder  # noqa: F401  (CUT_CHARS: tests read it here)
 from detour.data.shards import CORPUS_FORMAT, ShardWriter, token_dtype, write_json
 from detour.data.sources import Source, document_location, iter_documents, parse_source
 from detour.errors import DetourError
 from detour.io import ensure_output_dir, read_yaml_mapping
 
 BATCH_DOCS = 256
-
-# Long documents (see the module docstring). BYTES_PER_CHAR was measured: MiniLM's fast WordPiece
-# tokenizer on 3 MB of PubMed text in one piece peaks at 410 MB above the process's baseline.
-CUT_CHARS = 1_000_000
-PIECE_CHARS = 1 << 18
-BYTES_PER_CHAR = 140
-SEAM_WINDOW = 2_000      # characters each side of a candidate cut that are tokenized to check it
-SEAM_FAILURES = 64       # candidate cuts rejected in one document before the rest stays in one piece
 
 # What a `detour prepare` run writes inside a source folder (ShardWriter and its manifest's temporary).
 _SOURCE_FILE = re.compile(r"manifest\.json(\.tmp)?|offsets\.bin|tokens-\d{5,}\.bin")
@@ -145,168 +138,7 @@ def _init_worker(tokenizer_name: str, policy: dict) -> None:
         _ENCODER = _Encoder(tokenize.load_tokenizer(tokenizer_name), policy)
 
 
-# Parts of a fast tokenizer whose effect on a character depends only on the characters near it (and
-# on the ends of the string, which the check of each cut covers); with a model that encodes each
-# pre-token on its own, equal pre-tokens on both sides of a cut give equal ids.
-_LOCAL_NORMALIZERS = {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "Strip",
-                      "Nmt", "Precompiled", "Prepend", "ByteLevel"}
-_LOCAL_PRE_TOKENIZERS = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "ByteLevel", "Metaspace",
-                         "Punctuation", "Digits", "CharDelimiterSplit", "UnicodeScripts"}
-_PRE_TOKEN_MODELS = {"WordPiece", "BPE", "Unigram", "WordLevel"}
-_PAIRLESS_POST_PROCESSORS = {"BertProcessing", "RobertaProcessing", "TemplateProcessing", "ByteLevel"}
-# Regular expressions that match runs of spaces only (or spaces at the ends of the text), as
-# transformers' converters write them for SentencePiece models (XLM-R, CamemBERT, T5...).
-_LOCAL_REGEXES = {" {2,}", r"\s+", r"\A +| +\z"}
-
-
-def _not_local(part: dict | None, allowed: set[str], children: str) -> str | None:
-    """Why a normalizer or pre-tokenizer (its tokenizer.json entry) may act across a cut, or None."""
-    if part is None:
-        return None
-    kind = part.get("type")
-    if kind == "Sequence":
-        return next(filter(None, (_not_local(p, allowed, children) for p in part.get(children, []))), None)
-    pattern = part.get("pattern") or {}
-    if kind in ("Replace", "Split") and ("String" in pattern or pattern.get("Regex") in _LOCAL_REGEXES):
-        return None  # a literal pattern (or a run of spaces) reaches only as far as its own length
-    if kind == "ByteLevel" and part.get("use_regex") is False:
-        return "its ByteLevel pre-tokenizer does not split the text"
-    if kind not in allowed:
-        return f"its {kind} step may act across a cut"
-    return None
-
-
-def _cut_blocker(tokenizer) -> str | None:
-    """Why this tokenizer's documents cannot be cut into exactly equivalent pieces, or None."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return "the tokenizer is a slow (Python) one"
-    state = json.loads(backend.to_str())
-    if state.get("pre_tokenizer") is None:
-        return "the tokenizer has no pre-tokenizer, so its model sees the whole text at once"
-    if (state.get("model") or {}).get("type") not in _PRE_TOKEN_MODELS:
-        return f"its {state.get('model', {}).get('type')} model is not one that encodes pre-tokens one by one"
-    post = state.get("post_processor")
-    posts = post.get("processors", []) if post and post.get("type") == "Sequence" else [post] if post else []
-    odd = [p.get("type") for p in posts if p.get("type") not in _PAIRLESS_POST_PROCESSORS]
-    if odd:
-        return f"its {odd[0]} post-processor is not a plain wrapper with special tokens"
-    return (_not_local(state.get("normalizer"), _LOCAL_NORMALIZERS, "normalizers")
-            or _not_local(state.get("pre_tokenizer"), _LOCAL_PRE_TOKENIZERS, "pretokenizers"))
-
-
-_CANDIDATE_CUT = re.compile(r"(?<=\S)\s")  # the first whitespace after a word
-
-
-class _Encoder:
-    """Token ids of documents: ordinary ones in batches, very long ones piece by piece.
-
-    Every document becomes prefix + text ids + suffix, the tokenizer's own special tokens (or its
-    EOS appended, see `tokenize.separator_policy`).
-    """
-
-    def __init__(self, tokenizer, policy: dict):
-        self.tokenizer = tokenizer
-        self.backend = getattr(tokenizer, "backend_tokenizer", None)
-        if self.backend is not None:
-            # Some tokenizer.json files carry a truncation setting: it must never cut a document.
-            self.backend.no_truncation()
-            self.backend.no_padding()
-        self.prefix = list(policy["prefix_ids"])
-        self.suffix = list(policy["suffix_ids"])
-        # A tokenizer that adds no closing token gets its EOS appended by us (`separator_policy`).
-        self.eos = self.suffix if policy["append_eos"] else []
-        self.own_suffix = [] if policy["append_eos"] else self.suffix
-        self.cut_blocker = _cut_blocker(tokenizer)
-        if self.cut_blocker is None:
-            self.added = sorted({t.content for t in self.backend.get_added_tokens_decoder().values()})
-            norm, pre = self.backend.normalizer, self.backend.pre_tokenizer
-            self._normalize = norm.normalize_str if norm is not None else (lambda text: text)
-            self._pre_tokenize = pre.pre_tokenize_str
-
-    def _batch(self, texts: list[str]) -> list[list[int]]:
-        if self.backend is None:
-            return self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=True)]
-
-    def _ids(self, text: str, special: bool = False) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=special).ids
-
-    def encode(self, docs: list) -> tuple[np.ndarray, np.ndarray]:
-        """Concatenated ids and lengths of `docs` (texts, or tuples of pieces from `cut`)."""
-        texts = [d for d in docs if isinstance(d, str)]
-        whole = iter(self._batch(texts) if texts else [])
-        arrays = []
-        for doc in docs:
-            if isinstance(doc, str):
-                arrays.append(np.asarray(next(whole) + self.eos, dtype=np.uint32))
-            else:  # each piece's ids become a compact array at once: memory stays that of one piece
-                parts = [np.asarray(self._ids(piece), dtype=np.uint32) for piece in doc]
-                arrays.append(np.concatenate([np.asarray(self.prefix, dtype=np.uint32), *parts,
-                                              np.asarray(self.suffix, dtype=np.uint32)]))
-        lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-        return np.concatenate(arrays), lengths
-
-    def _exact_cut(self, text: str, k: int) -> bool:
-        """Whether cutting `text` before position k leaves the ids unchanged.
-
-        Checked on a window around k: no added token (e.g. "[SEP]" written in the text) nearby, the
-        normalized pre-tokens of the window equal those of its two halves (so the model, which
-        encodes pre-tokens one by one, sees the same ones), and so do the ids, with and without
-        the special tokens the post-processor adds around them.
-        """
-        a, b = max(0, k - SEAM_WINDOW), min(len(text), k + SEAM_WINDOW)
-        window, left, right = text[a:b], text[a:k], text[k:b]
-        low, normalized = window.lower(), self._normalize(window)
-        if any(t.lower() in low or t in normalized for t in self.added):
-            return False
-
-        def pieces(part: str) -> list[str]:
-            return [p for p, _ in self._pre_tokenize(self._normalize(part))]
-
-        if pieces(window) != pieces(left) + pieces(right):
-            return False
-        ids = self._ids(window)
-        if ids != self._ids(left) + self._ids(right):
-            return False
-        return self._ids(window, special=True) == self.prefix + ids + self.own_suffix
-
-    def _next_cut(self, text: str, target: int, budget: int) -> tuple[int | None, int]:
-        """The first exact cut at or after `target` among `budget` candidates, and how many failed."""
-        failed = 0
-        for m in _CANDIDATE_CUT.finditer(text, target):
-            if self._exact_cut(text, m.start()):
-                return m.start(), failed
-            failed += 1
-            if failed == budget:
-                break
-        return None, failed
-
-    def cut(self, text: str) -> tuple[list[str], str | None]:
-        """`text` in pieces of about PIECE_CHARS whose ids, joined, are those of `text`.
-
-        Returns the pieces and, when some piece had to stay longer than CUT_CHARS, why.
-        """
-        if self.cut_blocker is not None:
-            return [text], self.cut_blocker
-        pieces, start, target, failures = [], 0, PIECE_CHARS, 0
-        while len(text) - start > PIECE_CHARS and failures < SEAM_FAILURES:
-            cut, failed = self._next_cut(text, target, min(8, SEAM_FAILURES - failures))
-            failures += failed
-            if cut is None:
-                if failed == 0:
-                    break  # no whitespace after `target`: nothing left to cut at
-                target += PIECE_CHARS  # a bad neighbourhood (added tokens, odd text): try further on
-                continue
-            pieces.append(text[start:cut])
-            start, target = cut, cut + PIECE_CHARS
-        pieces.append(text[start:])
-        if max(len(p) for p in pieces) <= CUT_CHARS:
-            return pieces, None
-        return pieces, "no place to cut it where the tokenizer gives the same ids (e.g. no whitespace)"
-
-
-def _batches(source: Source, batch_docs: int, counts: dict, encoder: _Encoder):
+def _batches(source: Source, batch_docs: int, counts: dict, encoding: _Encoder):
     """Stripped non-empty documents in batches; counts skipped documents as it goes.
 
     A document over CUT_CHARS is replaced by the tuple of its pieces (`_Encoder.cut`), with a
@@ -318,10 +150,10 @@ def _batches(source: Source, batch_docs: int, counts: dict, encoder: _Encoder):
         if not text:
             counts["skipped"] += 1
             continue
-        if len(text) > CUT_CHARS:
-            pieces, why = encoder.cut(text)
+        if len(text) > encoder.CUT_CHARS:
+            pieces, why = encoding.cut(text)
             if why is not None:
-                _warn_long_document(document_location(source, number), len(text), max(map(len, pieces)), why)
+                encoder.warn_long_document(document_location(source, number), len(text), max(map(len, pieces)), why)
             text = tuple(pieces) if len(pieces) > 1 else text
         batch.append(text)
         if len(batch) == batch_docs:
@@ -329,14 +161,6 @@ def _batches(source: Source, batch_docs: int, counts: dict, encoder: _Encoder):
             batch = []
     if batch:
         yield batch
-
-
-def _warn_long_document(where: str, chars: int, stretch: int, why: str) -> None:
-    whole = "in one piece" if stretch == chars else f"partly in one piece of {stretch:,} characters"
-    print(f"warning: {where}: a document of {chars:,} characters is tokenized {whole} ({why}); that takes "
-          f"about {stretch * BYTES_PER_CHAR / 2**30:.1f} GiB of memory in one process. If it is really "
-          "several documents, put one a line (or separate them by blank lines with --blank-line-docs).",
-          file=sys.stderr)
 
 
 def _progress():
