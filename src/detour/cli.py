@@ -29,8 +29,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "needle": ("detour.eval.needle", "long-context needle-in-a-haystack probe on a frozen encoder"),
     "analyze": ("detour.analysis.run", "per-layer CKA, trajectory through a phase, transplants, weight drift"),
     "report": ("detour.report.run", "tables, figures and an HTML report from results"),
-    "study": ("detour.study", "one-command cached study: twins, eval, analyses, report"),
-    "demo": ("detour.demo", "a small end-to-end demo on the embedded synthetic corpus"),
+    "study": ("detour.study.run", "one-command cached study: twins, eval, analyses, report"),
+    "demo": ("detour.study.demo", "a small end-to-end demo on the embedded synthetic corpus"),
 }
 
 

@@ -87,11 +87,12 @@ def model_depth(recipe: Recipe) -> int:
     return int(config.num_hidden_layers)
 
 
-def preflight(recipe: Recipe, out=None) -> None:
+def preflight(recipe: Recipe, out=None, data: bool = True, parent: bool = True) -> None:
     """Everything that can be known before any weight is loaded: `--dry-run` and every run call it.
 
     The model config's keys, every phase's freeze against the model's depth, every data source's
-    manifest and tokenizer fingerprint, a branch's parent, and the output folder.
+    manifest and tokenizer fingerprint, a branch's parent, and the output folder. A study checks its
+    arms before its data are prepared and its parents trained: `data=False, parent=False`.
     """
     from detour.data.shards import prepared_fingerprint
     from detour.model.freeze import COMPONENTS, parse_layers
@@ -109,7 +110,7 @@ def preflight(recipe: Recipe, out=None) -> None:
             raise DetourError(f"phases.{i}.freeze ({phase.name}): give layers, components or both")
         assert set(phase.freeze.components or ()) <= set(COMPONENTS)  # the config's Literal guarantees it
     fingerprints = {}
-    for i, source in enumerate(recipe.data.sources):
+    for i, source in enumerate(recipe.data.sources if data else ()):
         try:
             fingerprints[source.path] = prepared_fingerprint(source.path)
         except (DetourError, OSError) as exc:
@@ -131,8 +132,9 @@ def preflight(recipe: Recipe, out=None) -> None:
                               f"({theirs[:12]} != {mine[:12]}); re-run `detour prepare` with --tokenizer set to the model's")
     from detour.model.export import check_card
 
-    check_card(recipe)  # the exports' model card needs a license: known now, not at the first export
-    if recipe.branch is not None:
+    if data:  # synthetic data carry their own license: without the data it is not known yet
+        check_card(recipe)  # the exports' model card needs a license: known now, not at the first export
+    if recipe.branch is not None and parent:
         from detour.train.branch import branch_start
 
         branch_start(recipe)

@@ -1,0 +1,1 @@
+"""study stage: a matched study as cached steps (detour study, detour demo)."""

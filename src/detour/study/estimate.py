@@ -1,0 +1,90 @@
+"""Rough time estimates for a study's steps: FLOPs at a matmul rate measured on this machine.
+
+    python -c "from detour.study.estimate import matmul_rate; print(matmul_rate() / 1e9, 'GFLOP/s')"
+
+Training costs about 6 x parameters FLOPs per token (forward and backward, the standard dense
+estimate; attention's extra term is left out, so long sequences cost more than this says); a
+fine-tune the same per example token. The rate is a half-second fp32 matmul on the study's device
+times an efficiency a real step reaches (about a third on CPU, as measured by bench/bench_train.py).
+It is an order of magnitude for planning, printed as such; measured times of finished steps are in
+OUT/.study/state.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import lru_cache
+
+EFFICIENCY = 0.3  # fraction of the matmul rate a training step reaches (CPU, fp32; GPUs differ)
+
+
+@lru_cache(maxsize=1)
+def matmul_rate(device: str = "cpu", seconds: float = 0.5) -> float:
+    """FLOP/s of a 512 x 512 fp32 matmul on `device`."""
+    import torch
+
+    a = torch.randn(512, 512, device=device)
+    b = torch.randn(512, 512, device=device)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        n += 1
+    return 2 * 512**3 * n / (time.perf_counter() - t0)
+
+
+@lru_cache(maxsize=8)
+def parameter_count(model_json: str) -> int:
+    """Parameters of the recipe's model (built on the meta device: no memory, no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForMaskedLM, CONFIG_MAPPING
+
+    from detour.paths import resolve_model_ref
+
+    spec = json.loads(model_json)
+    if spec.get("config"):
+        raw = dict(spec["config"])
+        config = CONFIG_MAPPING[raw.pop("model_type")](**raw)
+    else:
+        config = AutoConfig.from_pretrained(resolve_model_ref(spec["source"]))
+    with torch.device("meta"):
+        model = AutoModelForMaskedLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"~{seconds:.0f} s"
+    if seconds < 5400:
+        return f"~{seconds / 60:.0f} min"
+    return f"~{seconds / 3600:.1f} h"
+
+
+def estimates(spec, steps) -> dict[str, str]:
+    """Step name -> a short "tokens, ~time" string (train and eval steps; others are short)."""
+    try:
+        rate = matmul_rate() * EFFICIENCY
+    except Exception:  # an estimate must never stop a dry run
+        return {}
+    out = {}
+    params = None
+    for step in steps:
+        if step.kind == "train":
+            params = parameter_count(json.dumps(step.recipe.model.model_dump()))
+            out[step.name] = f"{step.tokens:,} tokens, {_duration(6 * params * step.tokens / rate)}"
+    if spec.eval is not None and params:
+        ev = spec.eval
+        per_task = ev.seeds * len(ev.arms or [s for s in steps if s.kind == "train"])
+        for step in steps:
+            if step.kind != "eval":
+                continue
+            synthetic = step.name == "eval:synthetic-ner" and ev.synthetic_ner is not None
+            examples = ev.synthetic_ner.train if synthetic else ev.max_train
+            if examples is None:  # the task's own training set: its size is not known before loading it
+                out[step.name] = f"{per_task} fine-tunes"
+                continue
+            if ev.max_train:
+                examples = min(examples, ev.max_train)
+            tokens = examples * (ev.epochs or 3) * (ev.max_length or 128) * per_task
+            out[step.name] = f"{per_task} fine-tunes, {_duration(6 * params * tokens / rate)}"
+    return out

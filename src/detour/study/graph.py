@@ -1,0 +1,295 @@
+"""A study as a graph of steps: each step is one detour command (or a small in-process action).
+
+    detour study studies/tiny.yaml --out runs/study-tiny --dry-run    # prints this graph
+
+Layout of the study folder OUT (what `detour report` reads):
+
+    OUT/study.json                   the design: arms, roles, tasks, seeds, whether data are synthetic
+    OUT/data/<name>/                 `detour prepare` outputs (manifest.json with per-source counts)
+    OUT/data/tasks/synthetic-ner/    the generated SYNTHETIC NER task, when the study asks for it
+    OUT/arms/<arm>/                  `detour train` runs (recipe.json, metrics.jsonl, summary.json, model/)
+    OUT/twins.json                   the stream checks over every arm (as `detour twins` writes them)
+    OUT/eval/<task>/results.json     `detour eval` of every evaluated arm on one task
+    OUT/analysis/<analysis>/         `detour analyze ...` outputs (JSON + PNG)
+    OUT/needle/<arm>/                `detour needle` outputs
+    OUT/report.md, OUT/report.html   `detour report OUT`
+    OUT/.study/                      the steps' state, their logs and the arms' resolved recipes
+
+A step's key hashes what determines its output: its command (paths relative to OUT), the content
+of the files it reads (recipe, task specs; local corpora by size and modification time), the output
+hashes of the steps it depends on (model weights, results files) and detour's version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from detour.config import Recipe, apply_overrides, load_recipe, recipe_from_dict, recipe_to_dict
+from detour.errors import DetourError
+from detour.study.spec import StudySpec, option_flags
+
+SYNTHETIC_TASK = "synthetic-ner"
+
+
+@dataclass
+class Step:
+    name: str
+    kind: str  # prepare, task, train, streams, eval, analysis, needle, report
+    argv: list[str] | None = None  # a detour command line, run in its own process
+    action: Callable[[], None] | None = None  # or an in-process action
+    deps: list[str] = field(default_factory=list)
+    spec: dict = field(default_factory=dict)  # what else determines the output
+    inputs: list[Path] = field(default_factory=list)  # files whose content goes into the key
+    outputs: list[Path] = field(default_factory=list)  # must exist for the step to count as done
+    hash_of: Path | None = None  # the output whose hash downstream keys use (a model folder or a file)
+    tokens: int = 0  # training tokens this step runs (for the estimate)
+    recipe: Recipe | None = None
+
+
+def source_argument(spec: StudySpec, source: str) -> str:
+    """A prepare source with a local path resolved against the study file's folder."""
+    if source.split(":", 1)[0] in ("synthetic", "hf"):
+        return source
+    path, sep, weight = source.rpartition(":")
+    try:
+        float(weight)
+    except ValueError:
+        path, sep, weight = source, "", ""
+    return str(spec.path(path)) + (f":{weight}" if sep else "")
+
+
+def _local_inputs(arguments: list[str]) -> list[Path]:
+    out = []
+    for a in arguments:
+        path = Path(a.rpartition(":")[0] if ":" in a and not Path(a).exists() else a)
+        if path.exists():
+            out.append(path)
+    return out
+
+
+def build_arms(spec: StudySpec, out: Path) -> dict[str, Recipe]:
+    """Arm name -> its resolved recipe (data from the study's prepared folders, branch points set)."""
+    from detour.train import twins
+
+    overrides = list(spec.train.set)
+    if spec.train.data:
+        sources = [{"path": str((out / "data" / name).resolve())} for name in spec.train.data]
+        overrides.append("data.sources=" + json.dumps(sources))
+    recipe = load_recipe(spec.path(spec.train.recipe), overrides)
+    recipe.grad_accumulation()
+    freezes = [a.freeze for a in spec.arms.values() if a.freeze and not a.set]
+    arms = twins.build_arms(recipe, freezes=freezes)
+    # freeze-only arms are named by build_arms (freeze-low-clm); a named arm with a freeze and
+    # overrides is an ordinary override arm
+    for name, arm in spec.arms.items():
+        if arm.freeze and not arm.set:
+            generated = f"freeze-{arm.freeze.replace('@', '-')}"
+            arms[name] = arms.pop(generated)
+            continue
+        sets = list(arm.set)
+        if arm.freeze:
+            layers, _, phase = arm.freeze.partition("@")
+            names = [p.name for p in recipe.phases]
+            if phase not in names:
+                raise DetourError(f"arms.{name}.freeze: no phase {phase!r} in the recipe (its phases: {names})")
+            sets.append(f"phases.{names.index(phase)}.freeze.layers={layers}")
+        tree = apply_overrides(recipe_to_dict(arms[arm.base]), sets)
+        tree["name"] = f"{recipe.name}-{name}"
+        arms[name] = recipe_from_dict(tree, f"(study arm {name})")
+    resolved: dict[str, Recipe] = {}
+    for name, arm in arms.items():
+        resolved[name] = twins._branch_point(name, arm, resolved, (out / "arms").resolve())
+    return resolved
+
+
+def _train_tokens(recipe: Recipe) -> int:
+    phases = [p.name for p in recipe.phases]
+    start = phases.index(recipe.branch.after_phase) + 1 if recipe.branch else 0
+    return sum(p.tokens for p in recipe.phases[start:])
+
+
+def build_steps(spec: StudySpec, out: Path) -> list[Step]:
+    out = Path(out).resolve()  # keys see paths inside it as $STUDY/...
+    steps: list[Step] = []
+    for name, prep in spec.prepare.items():
+        sources = [source_argument(spec, s) for s in prep.sources]
+        argv = ["prepare", *sources, "--tokenizer", prep.tokenizer, "--out", str(out / "data" / name), "--overwrite"]
+        if prep.text_field:
+            argv += ["--text-field", prep.text_field]
+        if prep.blank_line_docs:
+            argv.append("--blank-line-docs")
+        if prep.workers:
+            argv += ["--workers", str(prep.workers)]
+        steps.append(Step(f"prepare:{name}", "prepare", argv=argv, inputs=_local_inputs(sources),
+                          outputs=[out / "data" / name / "manifest.json"],
+                          hash_of=out / "data" / name / "manifest.json"))
+    prepared = [f"prepare:{n}" for n in (spec.train.data or [])]
+
+    arms = build_arms(spec, out)
+    recipes_dir = out / ".study" / "recipes"
+    for name, recipe in arms.items():
+        run_dir = out / "arms" / name
+        deps = list(prepared)
+        if recipe.branch is not None:
+            deps.append(f"train:{Path(recipe.branch.run).name}")
+        steps.append(Step(f"train:{name}", "train",
+                          argv=["train", str(recipes_dir / f"{name}.json"), "--out", str(run_dir), "--resume",
+                                "--no-progress"],
+                          deps=deps, spec={"recipe": recipe_to_dict(recipe)},
+                          outputs=[run_dir / "summary.json", run_dir / "model"], hash_of=run_dir / "model",
+                          tokens=_train_tokens(recipe), recipe=recipe))
+    trained = [f"train:{n}" for n in arms]
+    steps.append(Step("streams", "streams", deps=trained, outputs=[out / "twins.json"], hash_of=out / "twins.json"))
+
+    def model(arm: str) -> str:
+        return str(out / "arms" / arm / "model")
+
+    reportable = ["streams"]
+    if spec.eval is not None:
+        ev = spec.eval
+        evaluated = ev.arms or list(arms)
+        options = []
+        for key in ("epochs", "max_train", "max_eval", "max_length", "lr", "batch_size"):
+            value = getattr(ev, key)
+            if value is not None:
+                options += ["--" + key.replace("_", "-"), str(value)]
+        if ev.linear_probe:
+            options.append("--linear-probe")
+        if ev.data_root:
+            options += ["--data-root", str(spec.path(ev.data_root))]
+        tasks: list[tuple[str, list[str], list[Path], list[str]]] = []
+        if ev.synthetic_ner is not None:
+            folder = out / "data" / "tasks" / SYNTHETIC_TASK
+            steps.append(Step(f"task:{SYNTHETIC_TASK}", "task", spec=ev.synthetic_ner.model_dump(),
+                              outputs=[folder / "task.yaml"], hash_of=folder))
+            tasks.append((SYNTHETIC_TASK, ["--task-spec", str(folder / "task.yaml")], [], [f"task:{SYNTHETIC_TASK}"]))
+        for task in ev.tasks:
+            local = spec.path(task)
+            if task.endswith((".yaml", ".yml")) or local.is_file():
+                if not local.is_file():
+                    raise DetourError(f"eval.tasks: task spec file {local} not found")
+                tasks.append((local.stem, ["--task-spec", str(local)], [local], []))
+            else:
+                from detour.eval.tasks import SPEC_DIR, shipped_tasks
+
+                if task not in shipped_tasks():
+                    raise DetourError(f"eval.tasks: {task!r} is neither a shipped task ({', '.join(shipped_tasks())}) "
+                                      "nor a task spec file")
+                tasks.append((task, ["--tasks", task], [SPEC_DIR / f"{task}.yaml"], []))
+        for task, selector, inputs, deps in tasks:
+            folder = out / "eval" / task
+            steps.append(Step(f"eval:{task}", "eval",
+                              argv=["eval", *[model(a) for a in evaluated], *selector, "--seeds", str(ev.seeds),
+                                    *options, "--out", str(folder)],
+                              deps=[f"train:{a}" for a in evaluated] + deps, inputs=inputs,
+                              outputs=[folder / "results.json"], hash_of=folder / "results.json"))
+            reportable.append(f"eval:{task}")
+
+    a = spec.analyses
+    if a.cka is not None:
+        flags = option_flags(a.cka.options)
+        for arm in ["detour", *a.cka.arms]:
+            folder = out / "analysis" / ("cka" if arm == "detour" else f"cka-{arm}")
+            argv = ["analyze", "cka", model(arm), model("baseline")]
+            deps = [f"train:{arm}", "train:baseline"]
+            if a.cka.noise_floor:
+                argv += ["--noise-floor", model(a.cka.noise_floor)]
+                deps.append(f"train:{a.cka.noise_floor}")
+            steps.append(_analysis(f"cka:{arm}" if arm != "detour" else "cka", argv + flags, folder, "cka.json", deps))
+    if a.trajectory is not None:
+        t = a.trajectory
+        argv = ["analyze", "trajectory", str(out / "arms" / t.a), str(out / "arms" / t.b)]
+        deps = [f"train:{t.a}", f"train:{t.b}"]
+        if t.noise_floor:
+            argv += ["--noise-floor", str(out / "arms" / t.noise_floor)]
+            deps.append(f"train:{t.noise_floor}")
+        steps.append(_analysis("trajectory", argv + option_flags(t.options), out / "analysis" / "trajectory",
+                               "trajectory.json", deps))
+    if a.transplant is not None:
+        t = a.transplant
+        argv = ["analyze", "transplant", "--src", model(t.src), "--dst", model(t.dst), *option_flags(t.options)]
+        steps.append(_analysis("transplant", argv, out / "analysis" / "transplant", "transplant.json",
+                               [f"train:{t.src}", f"train:{t.dst}"]))
+    if a.drift is not None:
+        for arm in a.drift.arms:
+            start = arms[arm].model.source
+            if start is None:
+                raise DetourError(f"analyses.drift.arms: arm {arm!r} starts from a config (random weights), "
+                                  "so there is no starting model to measure its drift from")
+            steps.append(_analysis(f"drift:{arm}", ["analyze", "drift", model(arm), start],
+                                   out / "analysis" / f"drift-{arm}", "drift.json", [f"train:{arm}"]))
+    if a.needle is not None:
+        for arm in a.needle.arms:
+            folder = out / "needle" / arm
+            steps.append(Step(f"needle:{arm}", "needle", argv=["needle", model(arm), *option_flags(a.needle.options),
+                                                              "--out", str(folder)],
+                              deps=[f"train:{arm}"], outputs=[folder / "needle.json"], hash_of=folder / "needle.json"))
+    reportable += [s.name for s in steps if s.kind in ("analysis", "needle")]
+    if spec.report:
+        steps.append(Step("report", "report", deps=reportable,
+                          outputs=[out / "report.md", out / "report.html"], hash_of=out / "report.md"))
+    return steps
+
+
+def _analysis(name: str, argv: list[str], folder: Path, result: str, deps: list[str]) -> Step:
+    return Step(name, "analysis", argv=argv + ["--out", str(folder)], deps=deps,
+                outputs=[folder / result], hash_of=folder / result)
+
+
+# ---- keys ----
+
+def _relative(value, out: str):
+    """Paths inside the study folder as $STUDY/...: moving the folder keeps every key."""
+    if isinstance(value, str):
+        return value.replace(out, "$STUDY")
+    if isinstance(value, list):
+        return [_relative(v, out) for v in value]
+    if isinstance(value, dict):
+        return {k: _relative(v, out) for k, v in value.items()}
+    return value
+
+
+def fingerprint(path: Path) -> str:
+    """A file's sha256 when small (specs, recipes); size and mtime for corpora and folders."""
+    if path.is_file() and path.stat().st_size <= 1 << 20:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(path) if f != path else f.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return "stat:" + h.hexdigest()
+
+
+def output_hash(path: Path) -> str:
+    """What downstream keys see of an output: weights for a model folder, content for a file."""
+    from detour.analysis.models import weights_hash
+
+    if path.is_dir() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin"))):
+        return weights_hash(str(path))
+    if path.is_dir():
+        return fingerprint(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def step_key(step: Step, out: Path, dep_hashes: dict[str, str]) -> str:
+    from detour import __version__
+
+    root = str(Path(out).resolve())
+    material = {
+        "step": step.name,
+        "argv": _relative(step.argv or [], root),
+        "spec": _relative(step.spec, root),
+        "inputs": {_relative(str(p.resolve()), root): fingerprint(p) for p in step.inputs},
+        "deps": {d: dep_hashes[d] for d in step.deps},
+        "version": __version__,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()

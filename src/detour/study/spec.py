@@ -1,0 +1,258 @@
+"""The study file: a matched study as data — data to prepare, a recipe, arms, tasks, analyses.
+
+    detour study studies/tiny.yaml --out runs/study-tiny --dry-run
+
+A study file is YAML (docs/study.md has a full example). Paths in it (the recipe, local corpora,
+task spec files) resolve against the study file's folder. Every field is typed: a wrong or unknown
+field is refused before anything runs, with its dotted name (`eval.seeds: ...`). Analysis options
+are the flags of the analysis verb itself (`n: 200` is `--n 200`), checked by that verb's own parser
+when the study is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from detour.errors import DetourError
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # usable as a folder name
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PrepareSpec(_Strict):
+    """One `detour prepare` run: its sources and tokenizer."""
+
+    sources: list[str] = Field(min_length=1, description="prepare sources: files, hf:..., synthetic:..., each with optional :WEIGHT")
+    tokenizer: str = Field(description="tokenizer hub name, folder or alias (minilm-l6)")
+    text_field: str | None = None
+    blank_line_docs: bool = False
+    workers: int | None = Field(None, gt=0)
+
+
+class TrainSpec(_Strict):
+    recipe: str = Field(description="the detour's recipe file (its MLM twin is derived from it)")
+    set: list[str] = Field(default_factory=list, description="recipe overrides, KEY=VALUE as with --set")
+    data: list[str] | None = Field(None, description="names of `prepare` entries to train on, replacing the recipe's data.sources")
+
+
+class ArmSpec(_Strict):
+    """An extra arm: the detour's (or the baseline's) recipe with overrides."""
+
+    base: Literal["detour", "baseline"] = "detour"
+    set: list[str] = Field(default_factory=list, description="recipe overrides of the base arm, KEY=VALUE")
+    freeze: str | None = Field(None, description="LAYERS@PHASE: freeze these layers (low, mid, late or 0-3) during that phase")
+    description: str | None = None
+
+
+class SyntheticTaskSpec(_Strict):
+    """A SYNTHETIC NER task generated from the embedded clinical generator (never a real result)."""
+
+    train: int = Field(600, gt=0)
+    validation: int = Field(200, gt=0)
+    test: int = Field(200, gt=0)
+    seed: int = 1
+    lang: Literal["en", "fr"] = "en"
+
+
+class EvalSpec(_Strict):
+    tasks: list[str] = Field(default_factory=list, description="shipped task names or task spec files")
+    synthetic_ner: SyntheticTaskSpec | None = None
+    arms: list[str] | None = Field(None, description="arms to evaluate (default: every arm)")
+    seeds: int = Field(3, gt=0)
+    epochs: int | None = Field(None, gt=0)
+    max_train: int | None = Field(None, gt=0)
+    max_eval: int | None = Field(None, gt=0)
+    max_length: int | None = Field(None, gt=0)
+    lr: float | None = Field(None, gt=0)
+    batch_size: int | None = Field(None, gt=0)
+    linear_probe: bool = False
+    data_root: str | None = Field(None, description="where task data paths resolve (default $DETOUR_DATA_ROOT or ../shared/data)")
+
+
+class CKASpec(_Strict):
+    noise_floor: str | None = Field(None, description="a second-seed baseline arm: the CKA noise floor")
+    arms: list[str] = Field(default_factory=list, description="more arms compared with the baseline (e.g. freeze arms)")
+    options: dict[str, Any] = Field(default_factory=dict, description="flags of `detour analyze cka`")
+
+
+class TrajectorySpec(_Strict):
+    a: str = "detour"
+    b: str = "baseline"
+    noise_floor: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict, description="flags of `detour analyze trajectory`")
+
+
+class TransplantSpec(_Strict):
+    src: str = "detour"
+    dst: str = "baseline"
+    options: dict[str, Any] = Field(default_factory=dict, description="flags of `detour analyze transplant`")
+
+
+class DriftSpec(_Strict):
+    arms: list[str] = Field(default_factory=lambda: ["detour", "baseline"],
+                            description="arms whose weights are compared with the starting model")
+
+
+class NeedleSpec(_Strict):
+    arms: list[str] = Field(default_factory=lambda: ["detour", "baseline"])
+    options: dict[str, Any] = Field(default_factory=dict, description="flags of `detour needle`")
+
+
+class AnalysesSpec(_Strict):
+    cka: CKASpec | None = None
+    trajectory: TrajectorySpec | None = None
+    transplant: TransplantSpec | None = None
+    drift: DriftSpec | None = None
+    needle: NeedleSpec | None = None
+
+
+class StudySpec(_Strict):
+    name: str
+    description: str = ""
+    prepare: dict[str, PrepareSpec] = Field(default_factory=dict)
+    train: TrainSpec
+    arms: dict[str, ArmSpec] = Field(default_factory=dict)
+    eval: EvalSpec | None = None
+    analyses: AnalysesSpec = Field(default_factory=AnalysesSpec)
+    report: bool = True
+    root: str = Field("", description="the study file's folder (set by the loader)")
+
+    @field_validator("prepare", "arms")
+    @classmethod
+    def _names(cls, value: dict) -> dict:
+        for name in value:
+            if not NAME.match(name) or name in ("detour", "baseline"):
+                raise ValueError(f"{name!r} is not usable as a name (letters, digits, . _ -; not detour or baseline)")
+        return value
+
+    def path(self, p: str) -> Path:
+        """A path of the study file, resolved against its folder (absolute paths stay)."""
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else Path(self.root) / q
+
+    def arm_names(self) -> list[str]:
+        return ["detour", "baseline", *self.arms]
+
+
+def load_study(path: str | Path) -> StudySpec:
+    path = Path(path)
+    if not path.is_file():
+        raise DetourError(f"study file {path}: not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise DetourError(f"study file {path}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise DetourError(f"study file {path}: expected a mapping of fields (name, train, arms, eval, analyses)")
+    raw["root"] = str(path.resolve().parent)
+    try:
+        spec = StudySpec.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise DetourError(f"study file {path}: " + "; ".join(lines)) from None
+    check_references(spec, path)
+    return spec
+
+
+def check_references(spec: StudySpec, where: Path) -> None:
+    """Arms, data names and files the study names must exist; analysis options must parse."""
+    arms = spec.arm_names()
+
+    def need_arm(field: str, name: str | None) -> None:
+        if name is not None and name not in arms:
+            raise DetourError(f"study file {where}: {field}: no arm {name!r} (the arms: {', '.join(arms)})")
+
+    if not spec.path(spec.train.recipe).is_file():
+        raise DetourError(f"study file {where}: train.recipe: {spec.path(spec.train.recipe)} not found")
+    for i, name in enumerate(spec.train.data or []):
+        if name not in spec.prepare:
+            raise DetourError(f"study file {where}: train.data.{i}: {name!r} is not a `prepare` entry "
+                              f"(entries: {', '.join(spec.prepare) or 'none'})")
+    for name, arm in spec.arms.items():
+        if not arm.set and not arm.freeze:
+            raise DetourError(f"study file {where}: arms.{name}: give `set` overrides or `freeze` (or it is the {arm.base})")
+        if arm.freeze and arm.base != "detour":
+            raise DetourError(f"study file {where}: arms.{name}.freeze: freeze arms are made from the detour")
+    if spec.eval is not None:
+        for i, name in enumerate(spec.eval.arms or []):
+            need_arm(f"eval.arms.{i}", name)
+        if not spec.eval.tasks and spec.eval.synthetic_ner is None:
+            raise DetourError(f"study file {where}: eval: name at least one task (eval.tasks or eval.synthetic_ner)")
+    a = spec.analyses
+    if a.cka is not None:
+        need_arm("analyses.cka.noise_floor", a.cka.noise_floor)
+        for i, name in enumerate(a.cka.arms):
+            need_arm(f"analyses.cka.arms.{i}", name)
+        _check_options(where, "analyses.cka.options", ["analyze", "cka"], a.cka.options, ["A", "B"])
+    if a.trajectory is not None:
+        for field in ("a", "b", "noise_floor"):
+            need_arm(f"analyses.trajectory.{field}", getattr(a.trajectory, field))
+        _check_options(where, "analyses.trajectory.options", ["analyze", "trajectory"], a.trajectory.options, ["A", "B"])
+    if a.transplant is not None:
+        need_arm("analyses.transplant.src", a.transplant.src)
+        need_arm("analyses.transplant.dst", a.transplant.dst)
+        _check_options(where, "analyses.transplant.options", ["analyze", "transplant"], a.transplant.options,
+                       ["--src", "A", "--dst", "B"])
+    if a.drift is not None:
+        for i, name in enumerate(a.drift.arms):
+            need_arm(f"analyses.drift.arms.{i}", name)
+    if a.needle is not None:
+        for i, name in enumerate(a.needle.arms):
+            need_arm(f"analyses.needle.arms.{i}", name)
+        _check_options(where, "analyses.needle.options", ["needle"], a.needle.options, ["M"])
+
+
+RESERVED = {"out", "noise_floor", "src", "dst"}  # set by the study itself
+
+
+def option_flags(options: dict[str, Any]) -> list[str]:
+    """{"max_length": 64, "linear": true} -> ["--max-length", "64", "--linear"]."""
+    argv = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            argv += [flag, *(str(v) for v in value)] if key == "blocks" else [flag, ",".join(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print usage and exit
+        raise _Refused(message)
+
+
+def _check_options(where: Path, field: str, verb: list[str], options: dict[str, Any], positional: list[str]) -> None:
+    reserved = RESERVED & set(options)
+    if reserved:
+        raise DetourError(f"study file {where}: {field}.{sorted(reserved)[0]}: set by the study itself, not an option here")
+    parser = _Parser(prog="detour " + " ".join(verb))
+    if verb[0] == "analyze":
+        from detour.analysis import run as analysis_run
+
+        analysis_run.add_arguments(parser)  # its subparsers are _Parser too: errors come back here
+    else:
+        from detour.eval import needle
+
+        needle.add_arguments(parser)
+    try:
+        parser.parse_args(verb[1:] + positional + option_flags(options))
+    except _Refused as exc:
+        raise DetourError(f"study file {where}: {field}: {exc}") from None
