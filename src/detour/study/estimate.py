@@ -5,7 +5,7 @@
 Training costs about 6 x parameters FLOPs per token (forward and backward, the standard dense
 estimate; attention's extra term is left out, so long sequences cost more than this says); a
 fine-tune the same per example token. The rate is a half-second fp32 matmul on the study's device
-times an efficiency a real step reaches (about a third on CPU, as measured by bench/bench_train.py).
+times the efficiency a real step reaches (about 0.6 of it for MiniLM on CPU).
 It is an order of magnitude for planning, printed as such; measured times of finished steps are in
 OUT/.study/state.json.
 """
@@ -16,26 +16,26 @@ import json
 import time
 from functools import lru_cache
 
-EFFICIENCY = 0.3  # fraction of the matmul rate a training step reaches (CPU, fp32; GPUs differ)
+EFFICIENCY = 0.6  # fraction of the matmul rate a training step reaches (measured on CPU, fp32; GPUs differ)
 
 
 @lru_cache(maxsize=1)
 def matmul_rate(device: str = "cpu", seconds: float = 0.5) -> float:
-    """FLOP/s of a 512 x 512 fp32 matmul on `device`."""
+    """FLOP/s of a 1024 x 1024 fp32 matmul on `device`."""
     import torch
 
-    a = torch.randn(512, 512, device=device)
-    b = torch.randn(512, 512, device=device)
+    a = torch.randn(1024, 1024, device=device)
+    b = torch.randn(1024, 1024, device=device)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         a @ b
         n += 1
-    return 2 * 512**3 * n / (time.perf_counter() - t0)
+    return 2 * 1024**3 * n / (time.perf_counter() - t0)
 
 
 @lru_cache(maxsize=8)
-def parameter_count(model_json: str) -> int:
-    """Parameters of the recipe's model (built on the meta device: no memory, no weights read)."""
+def parameter_count(model_json: str) -> tuple[int, int]:
+    """(all parameters, token embeddings) of the recipe's model, built on the meta device (no weights read)."""
     import torch
     from transformers import AutoConfig, AutoModelForMaskedLM, CONFIG_MAPPING
 
@@ -49,7 +49,7 @@ def parameter_count(model_json: str) -> int:
         config = AutoConfig.from_pretrained(resolve_model_ref(spec["source"]))
     with torch.device("meta"):
         model = AutoModelForMaskedLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in model.parameters()), config.vocab_size * config.hidden_size
 
 
 def _duration(seconds: float) -> str:
@@ -67,10 +67,13 @@ def estimates(spec, steps) -> dict[str, str]:
     except Exception:  # an estimate must never stop a dry run
         return {}
     out = {}
-    params = None
+    params = embeddings = None
     for step in steps:
         if step.kind == "train":
-            params = parameter_count(json.dumps(step.recipe.model.model_dump()))
+            try:
+                params, embeddings = parameter_count(json.dumps(step.recipe.model.model_dump()))
+            except Exception:  # e.g. a hub model not on this machine: no estimate rather than no dry run
+                continue
             out[step.name] = f"{step.tokens:,} tokens, {_duration(6 * params * step.tokens / rate)}"
     if spec.eval is not None and params:
         ev = spec.eval
@@ -85,6 +88,8 @@ def estimates(spec, steps) -> dict[str, str]:
                 continue
             if ev.max_train:
                 examples = min(examples, ev.max_train)
-            tokens = examples * (ev.epochs or 3) * (ev.max_length or 128) * per_task
-            out[step.name] = f"{per_task} fine-tunes, {_duration(6 * params * tokens / rate)}"
+            # no vocabulary head in a fine-tune; batches are padded to their longest example, about
+            # half the max length on sentence tasks
+            tokens = examples * (ev.epochs or 3) * (ev.max_length or 128) / 2 * per_task
+            out[step.name] = f"{per_task} fine-tunes, {_duration(6 * (params - embeddings) * tokens / rate)}"
     return out

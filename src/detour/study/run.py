@@ -305,9 +305,7 @@ def print_plan(spec: StudySpec, out: Path, steps: list[Step]) -> None:
           f"estimates are rough (FLOPs at a measured matmul rate), not promises")
 
 
-def run(args: argparse.Namespace) -> int:
-    spec = load_study(args.study)
-    out = Path(args.out)
+def run_study(spec: StudySpec, out: Path, dry_run: bool = False) -> int:
     if out.exists() and not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / ".study").is_dir():
@@ -322,8 +320,12 @@ def run(args: argparse.Namespace) -> int:
             in_study = {s.path for s in step.recipe.data.sources} <= prepared
             preflight(step.recipe, out / "arms" / step.name.split(":", 1)[1], data=not in_study,
                       parent=step.recipe.branch is None or not step.recipe.branch.run.startswith(str(out.resolve())))
-    if args.dry_run:
+    if dry_run:
         print_plan(spec, out.resolve(), steps)
         return 0
     out.mkdir(parents=True, exist_ok=True)
     return execute(spec, out.resolve(), steps)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_study(load_study(args.study), Path(args.out), args.dry_run)

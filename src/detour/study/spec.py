@@ -151,15 +151,20 @@ def load_study(path: str | Path) -> StudySpec:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise DetourError(f"study file {path}: not valid YAML ({exc})") from None
+    return study_from_dict(raw, path, path.resolve().parent)
+
+
+def study_from_dict(raw, where: Path, root: Path) -> StudySpec:
+    """A study from its parsed YAML; paths in it resolve against `root`."""
     if not isinstance(raw, dict):
-        raise DetourError(f"study file {path}: expected a mapping of fields (name, train, arms, eval, analyses)")
-    raw["root"] = str(path.resolve().parent)
+        raise DetourError(f"study file {where}: expected a mapping of fields (name, train, arms, eval, analyses)")
+    raw = {**raw, "root": str(root)}
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as exc:
         lines = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        raise DetourError(f"study file {path}: " + "; ".join(lines)) from None
-    check_references(spec, path)
+        raise DetourError(f"study file {where}: " + "; ".join(lines)) from None
+    check_references(spec, where)
     return spec
 
 
