@@ -62,6 +62,19 @@ def source_argument(spec: StudySpec, source: str) -> str:
     return str(spec.path(path)) + (f":{weight}" if sep else "")
 
 
+PATH_OPTIONS = ("texts", "haystack", "task_spec", "data_root", "preset")
+
+
+def _flags(spec: StudySpec, options: dict) -> list[str]:
+    """An analysis's option flags, with file options resolved against the study file's folder."""
+    resolved = {}
+    for key, value in options.items():
+        if key in PATH_OPTIONS and isinstance(value, str) and spec.path(value).exists():
+            value = str(spec.path(value))
+        resolved[key] = value
+    return option_flags(resolved)
+
+
 def _local_inputs(arguments: list[str]) -> list[Path]:
     out = []
     for a in arguments:
@@ -191,7 +204,7 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
 
     a = spec.analyses
     if a.cka is not None:
-        flags = option_flags(a.cka.options)
+        flags = _flags(spec, a.cka.options)
         for arm in ["detour", *a.cka.arms]:
             folder = out / "analysis" / ("cka" if arm == "detour" else f"cka-{arm}")
             argv = ["analyze", "cka", model(arm), model("baseline")]
@@ -207,11 +220,11 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
         if t.noise_floor:
             argv += ["--noise-floor", str(out / "arms" / t.noise_floor)]
             deps.append(f"train:{t.noise_floor}")
-        steps.append(_analysis("trajectory", argv + option_flags(t.options), out / "analysis" / "trajectory",
+        steps.append(_analysis("trajectory", argv + _flags(spec, t.options), out / "analysis" / "trajectory",
                                "trajectory.json", deps))
     if a.transplant is not None:
         t = a.transplant
-        argv = ["analyze", "transplant", "--src", model(t.src), "--dst", model(t.dst), *option_flags(t.options)]
+        argv = ["analyze", "transplant", "--src", model(t.src), "--dst", model(t.dst), *_flags(spec, t.options)]
         steps.append(_analysis("transplant", argv, out / "analysis" / "transplant", "transplant.json",
                                [f"train:{t.src}", f"train:{t.dst}"]))
     if a.drift is not None:
@@ -225,8 +238,8 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
     if a.needle is not None:
         for arm in a.needle.arms:
             folder = out / "needle" / arm
-            steps.append(Step(f"needle:{arm}", "needle", argv=["needle", model(arm), *option_flags(a.needle.options),
-                                                              "--out", str(folder)],
+            argv = ["needle", model(arm), *_flags(spec, a.needle.options), "--out", str(folder)]
+            steps.append(Step(f"needle:{arm}", "needle", argv=argv, inputs=_file_arguments(argv),
                               deps=[f"train:{arm}"], outputs=[folder / "needle.json"], hash_of=folder / "needle.json"))
     reportable += [s.name for s in steps if s.kind in ("analysis", "needle")]
     if spec.report:
@@ -236,8 +249,14 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
 
 
 def _analysis(name: str, argv: list[str], folder: Path, result: str, deps: list[str]) -> Step:
-    return Step(name, "analysis", argv=argv + ["--out", str(folder)], deps=deps,
+    return Step(name, "analysis", argv=argv + ["--out", str(folder)], deps=deps, inputs=_file_arguments(argv),
                 outputs=[folder / result], hash_of=folder / result)
+
+
+def _file_arguments(argv: list[str]) -> list[Path]:
+    """The files an analysis reads besides models (texts, haystacks, task specs): their content is in the key."""
+    return [Path(value) for flag, value in zip(argv, argv[1:])
+            if flag.lstrip("-").replace("-", "_") in PATH_OPTIONS and Path(value).is_file()]
 
 
 # ---- keys ----

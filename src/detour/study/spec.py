@@ -137,7 +137,7 @@ class StudySpec(_Strict):
     def path(self, p: str) -> Path:
         """A path of the study file, resolved against its folder (absolute paths stay)."""
         q = Path(p).expanduser()
-        return q if q.is_absolute() else Path(self.root) / q
+        return (q if q.is_absolute() else Path(self.root) / q).resolve()
 
     def arm_names(self) -> list[str]:
         return ["detour", "baseline", *self.arms]
