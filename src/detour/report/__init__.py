@@ -1,1 +1,1 @@
-"""report stage of the detour pipeline."""
+"""The report stage: `detour report RUN_DIR` writes report.md and a self-contained report.html from a study or twins folder."""

@@ -150,8 +150,7 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
         if recipe.branch is not None:
             deps.append(f"train:{Path(recipe.branch.run).name}")
         steps.append(Step(f"train:{name}", "train",
-                          argv=["train", str(recipes_dir / f"{name}.json"), "--out", str(run_dir), "--resume",
-                                "--no-progress"],
+                          argv=["train", str(recipes_dir / f"{name}.json"), "--out", str(run_dir), "--resume"],
                           deps=deps, spec={"recipe": recipe_to_dict(recipe)},
                           outputs=[run_dir / "summary.json", run_dir / "model"], hash_of=run_dir / "model",
                           tokens=_train_tokens(recipe), recipe=recipe))

@@ -222,11 +222,10 @@ def _act(step: Step, spec: StudySpec, out: Path) -> None:
         t = spec.eval.synthetic_ner
         write_task(out / "data" / "tasks" / SYNTHETIC_TASK, (t.train, t.validation, t.test), seed=t.seed, lang=t.lang)
     elif step.kind == "report":
-        from detour.report.run import write_report
+        from detour.report.render import write_report
 
         written = write_report(out)
-        for path in written.values():
-            print(f"  wrote {path}")
+        print(f"  wrote {written['markdown']} and {written['html']}")
 
 
 def execute(spec: StudySpec, out: Path, steps: list[Step]) -> int:

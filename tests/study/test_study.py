@@ -1,0 +1,228 @@
+"""`detour study`: the graph, its keys, kills and reruns, and the study file's errors.
+
+    python -m pytest -q tests/study/test_study.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from detour.cli import main
+from detour.errors import DetourError
+from detour.study.graph import build_steps
+from detour.study.spec import load_study
+
+REPO = Path(__file__).resolve().parents[2]
+STUDIES = REPO / "studies"
+
+
+def _study(tmp_path: Path, **changes) -> Path:
+    """studies/tiny.yaml, made smaller for the suite, with an extra task spec file of its own."""
+    spec = yaml.safe_load((STUDIES / "tiny.yaml").read_text())
+    spec["train"]["recipe"] = str(REPO / "recipes" / "tiny-modernbert.yaml")
+    spec["arms"].pop("freeze-low-clm")
+    spec["analyses"] = {"cka": {"noise_floor": "baseline-seed2", "options": {"n": 12, "seeds": 1, "max_length": 32}}}
+    spec["eval"]["synthetic_ner"] = {"train": 24, "validation": 12, "test": 12}
+    spec["eval"]["seeds"] = 2
+    spec["eval"]["max_length"] = 32
+    spec.update(changes)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _events(out: Path) -> list[dict]:
+    log = out / ".study" / "log.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+
+
+def _started(events: list[dict]) -> list[str]:
+    return [e["step"] for e in events if e["event"] == "start"]
+
+
+def _spawn(study: Path, out: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "detour.cli", "study", str(study), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
+    t0 = time.time()
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the study ended (rc {proc.returncode}) before {what}:\n{proc.stdout.read()}")
+        if time.time() - t0 > timeout:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _no_step_left(out: Path, timeout: float = 60) -> None:
+    """The steps of a killed study end too (they get SIGTERM when the study dies)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        alive = [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+        if not alive:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"steps still running after the study was killed: {[p.pid for p in alive]}")
+
+
+@pytest.mark.slow
+def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm):
+    from detour.data.synthetic_ner import write_task
+
+    other = write_task(tmp_path / "other-task", (24, 12, 12), seed=5)
+    study = _study(tmp_path)
+    spec = yaml.safe_load(study.read_text())
+    spec["eval"]["tasks"] = [str(other)]
+    study.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+
+    # 1. SIGTERM while the second arm trains: the running step stops cleanly, the study exits 75
+    proc = _spawn(study, out)
+    _wait_for(lambda: "train:baseline" in _started(_events(out)), proc, "train:baseline started")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 75, proc.stdout.read()
+    first = _events(out)
+    assert ("train:detour", "done") in [(e["step"], e["event"]) for e in first]
+    assert ("train:baseline", "stopped") in [(e["step"], e["event"]) for e in first]
+
+    # 2. kill -9 of the study during the evaluation, once a seed is finished
+    results = out / "eval" / "synthetic-ner" / "results.json"
+    proc = _spawn(study, out)
+    _wait_for(lambda: results.is_file() and json.loads(results.read_text()).get("runs"), proc, "a finished seed")
+    proc.kill()
+    proc.wait()
+    _no_step_left(out)
+    finished_seeds = len(json.loads(results.read_text())["runs"])
+    second = _events(out)[len(first):]
+    assert "train:detour" not in _started(second)  # done in 1., never rerun
+
+    # 3. the same command again finishes, redoing nothing that had finished
+    proc = _spawn(study, out)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    third = _events(out)[len(first) + len(second):]
+    ran = _started(third)
+    assert "train:detour" not in ran and "train:baseline" not in ran and "prepare:corpus" not in ran
+    assert ran[0] == "eval:synthetic-ner" and ran[-1] == "report"
+    log = (out / ".study" / "logs" / "eval-synthetic-ner.log").read_text()
+    assert f"{6 - finished_seeds} of 6 run(s) to do" in log  # 3 arms x 2 seeds, the finished ones reused
+    assert (out / "report.html").is_file() and (out / "twins.json").is_file()
+    assert f"report: {out / 'report.html'}" in output
+
+    # 4. a changed task spec reruns that task's evaluation and the report, nothing else
+    task = yaml.safe_load(other.read_text())
+    task["training"]["lr"] = task["training"]["lr"] * 2
+    other.write_text(yaml.safe_dump(task))
+    assert main(["study", str(study), "--out", str(out)]) == 0
+    fourth = _events(out)[len(first) + len(second) + len(third):]
+    assert _started(fourth) == [f"eval:{other.stem}", "report"]
+
+    # 5. a dry run now says every step is done
+    steps = build_steps(load_study(study), out)
+    from detour.study.run import State, plan
+
+    assert set(plan(steps, out.resolve(), State(out)).values()) == {"done"}
+
+
+def test_dry_run_prints_the_graph_with_states_and_estimates(tmp_path, capsys):
+    study = _study(tmp_path)
+    assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    for step in ("prepare:corpus", "train:detour", "train:baseline", "train:baseline-seed2", "streams",
+                 "task:synthetic-ner", "eval:synthetic-ner", "cka", "report"):
+        assert f"to run   {step}" in printed
+    assert "10,000 tokens, ~" in printed  # 8k + 2k per arm, and a time
+    assert "2 fine-tunes" not in printed and "6 fine-tunes" in printed  # 3 arms x 2 seeds
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_a_stale_step_and_its_downstream_are_shown_stale(tmp_path):
+    from detour.study.run import State, plan
+
+    study = _study(tmp_path)
+    spec = load_study(study)
+    out = (tmp_path / "out").resolve()
+    steps = build_steps(spec, out)
+    state = State(out)
+    # pretend everything finished with the keys of this study, then change one arm's seed
+    from detour.study.graph import step_key
+
+    hashes = {}
+    for step in steps:
+        key = step_key(step, out, hashes)
+        hashes[step.name] = f"hash-of-{step.name}"
+        state.steps[step.name] = {"key": key, "output_hash": hashes[step.name]}
+        for p in step.outputs:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.touch()
+    assert set(plan(steps, out, state).values()) == {"done"}
+    changed = yaml.safe_load(study.read_text())
+    changed["arms"]["baseline-seed2"]["set"] = ["seed=19"]
+    study.write_text(yaml.safe_dump(changed))
+    states = plan(build_steps(load_study(study), out), out, state)
+    assert states["train:baseline-seed2"] == "stale"
+    assert states["streams"] == states["eval:synthetic-ner"] == states["cka"] == states["report"] == "stale"
+    assert states["train:detour"] == states["train:baseline"] == states["task:synthetic-ner"] == "done"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"arms": {"seed2": {"base": "baseline", "sett": ["seed=18"]}}}, "arms.seed2.sett: Extra inputs"),
+    ({"eval": {"seeds": 0, "tasks": ["gad"]}}, "eval.seeds: Input should be greater than 0"),
+    ({"analyses": {"cka": {"noise_floor": "seed3"}}}, "analyses.cka.noise_floor: no arm 'seed3'"),
+    ({"analyses": {"cka": {"options": {"nn": 3}}}}, "analyses.cka.options: unrecognized arguments: --nn 3"),
+    ({"analyses": {"needle": {"options": {"out": "x"}}}}, "analyses.needle.options.out: set by the study itself"),
+    ({"train": {"recipe": "nope.yaml"}}, "train.recipe:"),
+    ({"train": {"recipe": str(REPO / "recipes" / "tiny-modernbert.yaml"), "data": ["corpus2"]}},
+     "train.data.0: 'corpus2' is not a `prepare` entry"),
+    ({"arms": {"detour": {"set": ["seed=1"]}}}, "arms: Value error, 'detour' is not usable"),
+    ({"arms": {"x": {"base": "baseline"}}}, "arms.x: give `set` overrides or `freeze`"),
+])
+def test_invalid_study_files_are_refused_naming_the_field(tmp_path, change, message):
+    study = _study(tmp_path, **change)
+    with pytest.raises(DetourError, match=None) as err:
+        load_study(study)
+    assert message in str(err.value)
+    assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+
+
+def test_out_must_be_a_study_folder_or_new(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+    assert main(["study", str(_study(tmp_path)), "--out", str(out)]) == 2
+    assert "not a study folder" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "the user's"
+
+
+def test_shipped_studies_load_and_build(tmp_path):
+    for path in sorted(STUDIES.glob("*.yaml")):
+        spec = load_study(path)
+        steps = build_steps(spec, tmp_path / path.stem)
+        assert steps[-1].name == "report", path
+        assert any(s.name == "train:detour" for s in steps) and any(s.name == "train:baseline" for s in steps)
+
+
+def test_keys_ignore_where_the_study_folder_is(tmp_path):
+    from detour.study.graph import step_key
+
+    spec = load_study(_study(tmp_path))
+    a = {s.name: s for s in build_steps(spec, tmp_path / "a")}
+    b = {s.name: s for s in build_steps(spec, tmp_path / "elsewhere" / "b")}
+    assert step_key(a["train:detour"], (tmp_path / "a").resolve(), {"prepare:corpus": "h"}) == \
+        step_key(b["train:detour"], (tmp_path / "elsewhere" / "b").resolve(), {"prepare:corpus": "h"})
+    # but a different upstream output is a different key
+    assert step_key(a["train:detour"], (tmp_path / "a").resolve(), {"prepare:corpus": "h"}) != \
+        step_key(a["train:detour"], (tmp_path / "a").resolve(), {"prepare:corpus": "other"})
