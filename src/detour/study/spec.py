@@ -57,7 +57,7 @@ class SyntheticTaskSpec(_Strict):
     """A SYNTHETIC NER task generated from the embedded clinical generator (never a real result)."""
 
     train: int = Field(300, gt=0)
-    validation: int = Field(200, gt=0)
+    validation: int = Field(100, gt=0)
     test: int = Field(200, gt=0)
     seed: int = 1000  # documents of another generator seed than the pretraining default (0)
     lang: Literal["en", "fr"] = "en"
