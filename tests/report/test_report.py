@@ -39,7 +39,11 @@ def fixed(value, digits: int) -> str:
 
 
 def accuracy(cell: dict) -> str:
-    return "–" if cell["accuracy"] is None else f"{cell['accuracy']:.3f} (n {cell['n']})"
+    """A needle cell as the report shows it: accuracy, its 95% interval from needle.json, the count."""
+    if cell["accuracy"] is None:
+        return "–"
+    low, high = cell["ci"]
+    return f"{cell['accuracy']:.3f} [{low:.3f}, {high:.3f}] (n {cell['n']})"
 
 
 def load(path: Path) -> dict:

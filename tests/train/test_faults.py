@@ -155,12 +155,14 @@ def _lines(path: Path) -> int:
 
 
 def test_random_kill9_points_then_resume_is_bit_identical(synthetic_data, reference, tmp_path):
-    """Ten seeded random kill -9 points in one run (mid-step, mid-checkpoint, mid-export), then resume."""
+    """Seeded random kill -9 points in one run (mid-step, mid-checkpoint, mid-export), then resume."""
     # A new seed every run (printed), so CI tries new kill points each time; DETOUR_FAULT_SEED replays one.
+    # Five points keep the suite short; DETOUR_FAULT_POINTS=25 is the full audit.
     seed = int(os.environ.get("DETOUR_FAULT_SEED", str(time.time_ns() % 10**6)))
+    n_points = int(os.environ.get("DETOUR_FAULT_POINTS", "5"))
     rng = random.Random(seed)
     total = _lines(reference / "metrics.jsonl")
-    points = sorted(rng.sample(range(1, total), 10))
+    points = sorted(rng.sample(range(1, total), min(n_points, total - 1)))
     jitter = [rng.uniform(0.0, 0.15) for _ in points]
     print(f"kill -9 points (seed {seed}): after step {points}, plus {[round(j, 3) for j in jitter]} s")
     out = tmp_path / "run"
@@ -181,7 +183,7 @@ def test_random_kill9_points_then_resume_is_bit_identical(synthetic_data, refere
         assert not (out / "summary.json").exists() or proc.returncode == 0
     done = subprocess.run(_cmd(synthetic_data, out, "--resume"), env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert survived >= 8, f"only {survived} of 10 kill points hit a running process"
+    assert survived >= 0.8 * len(points), f"only {survived} of {len(points)} kill points hit a running process"
     assert _final(out) == _final(reference)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["global_step"] for r in rows] == list(range(1, total + 1))  # no step lost or repeated

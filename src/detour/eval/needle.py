@@ -13,6 +13,13 @@ split 70/15/15 (seeded); a 2-layer MLP probe (dropout, linear, GELU, dropout, li
 linear layer) on the frozen encoder's CLS vector is trained on train, its epoch chosen by validation
 accuracy, and scored on test: overall, per length, per position, per length x position.
 
+Every accuracy comes with its count and a 95% Wilson interval (`needle_stats`): `{"accuracy", "n",
+"ci": [low, high]}`. `chance` is 1 / the number of answer classes (present, absent: 0.5). When the
+validation accuracy's lower bound is not above chance, the probe did not learn the task and its test
+numbers describe noise: `beats_chance_on_validation` is false, a WARNING line is printed and the
+figure says so. The validation accuracy is the selected epoch's, the best of all epochs, so it is
+optimistic: the check can pass a probe that did not learn, never the other way round.
+
 The encoder is frozen and in eval mode (no dropout), so its CLS vectors are computed once and
 cached: training the probe on them is exactly training it on top of the frozen encoder, only
 faster. Both presets do this. The paper's probe setting (3 epochs, lr 2e-5, batch 4) is the `paper`
@@ -39,9 +46,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from detour.errors import DetourError
 from detour.io import atomic_write, ensure_output_dir
 from detour.eval.needle_haystack import Haystacks, Pair, make_pairs, read_haystack
+from detour.eval.needle_stats import accuracy_cell, beats_chance, chance_level, fmt
 from detour.eval.needle_templates import TEMPLATES
 
 POSITIONS = ("start", "middle", "end")
+N_CLASSES = 2  # the query fact is in the haystack, or it is not
 
 
 class Preset(BaseModel):
@@ -156,9 +165,9 @@ def split_indices(n: int, fractions, seed: int) -> dict[str, list[int]]:
 
 
 def accuracy_table(pairs: list[Pair], pred: np.ndarray, idx: list[int]) -> dict:
-    """Accuracy overall, per length, per position and per length x position, with counts."""
+    """Accuracy overall, per length, per position and per length x position, with counts and 95% intervals."""
     def acc(sel):
-        return {"accuracy": float(np.mean([pred[k] == pairs[k].fact.label for k in sel])) if sel else None, "n": len(sel)}
+        return accuracy_cell([pred[k] == pairs[k].fact.label for k in sel])
 
     lengths = sorted({p.length for p in pairs})
     positions = [p for p in POSITIONS if any(q.position == p for q in pairs)]
@@ -173,6 +182,14 @@ def accuracy_table(pairs: list[Pair], pred: np.ndarray, idx: list[int]) -> dict:
 
 # ---- outputs ----
 
+def _series(ax, xs: list[float], cells: list[dict], **style) -> None:
+    """Accuracies with their 95% intervals as error bars (an empty cell is a gap)."""
+    ys = np.array([np.nan if c["accuracy"] is None else c["accuracy"] for c in cells])
+    lo = np.array([np.nan if c.get("ci") is None else c["ci"][0] for c in cells])
+    hi = np.array([np.nan if c.get("ci") is None else c["ci"][1] for c in cells])
+    ax.errorbar(xs, ys, yerr=np.clip(np.nan_to_num(np.vstack([ys - lo, hi - ys])), 0, None), capsize=3, **style)
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -181,23 +198,28 @@ def plot(result: dict, path: Path) -> None:
 
     test = result["test"]
     lengths = [int(n) for n in test["per_length"]]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for pos in test["per_position"]:
-        ys = [test["per_length_position"][str(n)][pos]["accuracy"] for n in lengths]
-        ax.plot(lengths, [np.nan if y is None else y for y in ys], marker="o", label=pos)
-    overall = [test["per_length"][str(n)]["accuracy"] for n in lengths]
-    ax.plot(lengths, [np.nan if y is None else y for y in overall], "k--", marker="s", label="all")
-    ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    positions = list(test["per_position"])
+    for i, pos in enumerate(positions):
+        # positions side by side around each length, so their error bars do not hide each other
+        shift = 2 ** (0.05 * (i - (len(positions) - 1) / 2))
+        _series(ax, [n * shift for n in lengths], [test["per_length_position"][str(n)][pos] for n in lengths],
+                marker="o", lw=1, label=pos)
+    _series(ax, lengths, [test["per_length"][str(n)] for n in lengths], color="k", ls="--", marker="s", label="all")
+    ax.axhline(result["chance"], color="grey", lw=1, ls=":", label=f"chance ({result['chance']:g})")
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.minorticks_off()
     ax.set_ylim(0, 1)
     ax.set_xlabel("input length (tokens)")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("test accuracy (95% Wilson intervals)")
     from detour.eval.results import display_name
 
     ax.set_title(f"needle probe: {display_name(str(result['config']['model']).rstrip('/'))} ({result['config']['lang']}), "
-                 f"overall {test['overall']['accuracy']:.3f}", fontsize=9)
-    ax.legend(fontsize=8)
+                 f"overall {fmt(test['overall'])}", fontsize=9)
+    if not result["beats_chance_on_validation"]:
+        fig.suptitle("WARNING: the probe did not beat chance on validation", color="red", fontsize=9, weight="bold")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     plt.close(fig)
@@ -229,22 +251,37 @@ def needle(model_path: str, preset: Preset, lang: str, haystack: str, out: Path,
     docs = read_haystack(haystack, lang, preset.synthetic_docs, seed)
     pairs = make_pairs(preset.pairs, preset.lengths, preset.positions, lang, Haystacks(docs, tokenizer), seed)
     t_pairs = time.time()
-    feats = cls_features(model, pairs, preset.encode_batch, dev)
+    print(f"{len(pairs)} query/haystack pairs built ({t_pairs - t0:.1f} s); encoding them with the frozen encoder", flush=True)
+    feats, encode_s = None, {}
+    for n in sorted(set(preset.lengths)):  # one length at a time, so a long run shows its progress
+        idx = [k for k, p in enumerate(pairs) if p.length == n]
+        t = time.time()
+        part = cls_features(model, [pairs[k] for k in idx], preset.encode_batch, dev)
+        feats = np.zeros((len(pairs), part.shape[1]), dtype=np.float32) if feats is None else feats
+        feats[idx] = part
+        encode_s[str(n)] = round(time.time() - t, 2)
+        print(f"length {n}: {len(idx)} pairs encoded ({encode_s[str(n)]:.1f} s)", flush=True)
     t_feats = time.time()
     labels = np.array([p.fact.label for p in pairs])
     splits = split_indices(len(pairs), preset.split, seed)
     pred, epoch, val_acc, history = train_probe(feats, labels, splits, preset, linear, seed)
+    validation = accuracy_cell([pred[k] == labels[k] for k in splits["val"]])
+    chance = chance_level(N_CLASSES)
     result = {
         "schema": "detour.needle/1",
         "config": {"model": str(model_path), "lang": lang, "haystack": haystack, "seed": seed,
                    "probe": "linear" if linear else "mlp", **preset.model_dump(), "device": str(dev),
                    "features": "frozen CLS vectors (eval mode) computed once and cached"},
         "counts": {k: len(v) for k, v in splits.items()},
+        "pairs_per_length": {str(n): sum(p.length == n for p in pairs) for n in sorted(set(preset.lengths))},
+        "n_classes": N_CLASSES, "chance": chance,
         "selected_epoch": epoch, "val_accuracy": val_acc, "val_history": history,
+        "validation": validation,
+        "beats_chance_on_validation": beats_chance(validation, chance),
         "test": accuracy_table(pairs, pred, splits["test"]),
         "train": {"overall": accuracy_table(pairs, pred, splits["train"])["overall"]},
         "timings": {"pairs_s": round(t_pairs - t0, 2), "encode_s": round(t_feats - t_pairs, 2),
-                    "probe_s": round(time.time() - t_feats, 2)},
+                    "encode_s_per_length": encode_s, "probe_s": round(time.time() - t_feats, 2)},
     }
     plot(result, out / "needle.png")
     atomic_write(out / "needle.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=2), encoding="utf-8"))
@@ -281,12 +318,19 @@ def run(args) -> int:
     result = needle(resolve_model_ref(args.model), preset, args.lang, args.haystack, args.out, args.seed, args.linear, args.device)
     test = result["test"]
     print(f"needle probe ({result['config']['probe']}, {args.lang}, haystack {args.haystack}): "
-          f"test accuracy {test['overall']['accuracy']:.3f} on {test['overall']['n']} pairs "
-          f"(validation {result['val_accuracy']:.3f}, epoch {result['selected_epoch']})")
+          f"test accuracy {fmt(test['overall'])} on {test['overall']['n']} pairs; validation {fmt(result['validation'])} "
+          f"on {result['validation']['n']} (epoch {result['selected_epoch']}); chance {result['chance']:g}; 95% Wilson intervals",
+          flush=True)
     for n, row in test["per_length"].items():
         cells = "  ".join(f"{p} {v['accuracy']:.2f}" if v["accuracy"] is not None else f"{p} -"
                           for p, v in test["per_length_position"][n].items())
-        acc = "-" if row["accuracy"] is None else f"{row['accuracy']:.3f}"
-        print(f"  length {n:>5}: {acc}   ({cells})")
+        print(f"length {n}: {result['pairs_per_length'][n]} pairs, test accuracy {fmt(row)} on {row['n']} ({cells}) "
+              f"(encoded in {result['timings']['encode_s_per_length'].get(n, 0):.1f} s)", flush=True)
+    if not result["beats_chance_on_validation"]:
+        val = result["validation"]
+        low = "none" if val["ci"] is None else f"{val['ci'][0]:.3f}"
+        print(f"WARNING: the probe did not beat chance on validation (accuracy {fmt(val)} on {val['n']} pairs, "
+              f"lower bound {low} <= chance {result['chance']:g}): its test accuracies are no evidence that the encoder "
+              "finds the needle (more --pairs narrow the intervals; more --epochs train the probe longer)", flush=True)
     print(f"wrote {args.out / 'needle.json'} and {args.out / 'needle.png'}")
     return 0
