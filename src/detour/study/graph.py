@@ -161,6 +161,7 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
         return str(out / "arms" / arm / "model")
 
     reportable = ["streams"]
+    evaluations: list[Step] = []  # run after the analyses: they are the long part of a study on CPU
     if spec.eval is not None:
         ev = spec.eval
         evaluated = ev.arms or list(arms)
@@ -176,8 +177,8 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
         tasks: list[tuple[str, list[str], list[Path], list[str]]] = []
         if ev.synthetic_ner is not None:
             folder = out / "data" / "tasks" / SYNTHETIC_TASK
-            steps.append(Step(f"task:{SYNTHETIC_TASK}", "task", spec=ev.synthetic_ner.model_dump(),
-                              outputs=[folder / "task.yaml"], hash_of=folder))
+            evaluations.append(Step(f"task:{SYNTHETIC_TASK}", "task", spec=ev.synthetic_ner.model_dump(),
+                                    outputs=[folder / "task.yaml"], hash_of=folder))
             tasks.append((SYNTHETIC_TASK, ["--task-spec", str(folder / "task.yaml")], [], [f"task:{SYNTHETIC_TASK}"]))
         for task in ev.tasks:
             local = spec.path(task)
@@ -194,11 +195,11 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
                 tasks.append((task, ["--tasks", task], [SPEC_DIR / f"{task}.yaml"], []))
         for task, selector, inputs, deps in tasks:
             folder = out / "eval" / task
-            steps.append(Step(f"eval:{task}", "eval",
-                              argv=["eval", *[model(a) for a in evaluated], *selector, "--seeds", str(ev.seeds),
-                                    *options, "--out", str(folder)],
-                              deps=[f"train:{a}" for a in evaluated] + deps, inputs=inputs,
-                              outputs=[folder / "results.json"], hash_of=folder / "results.json"))
+            evaluations.append(Step(f"eval:{task}", "eval",
+                                    argv=["eval", *[model(a) for a in evaluated], *selector, "--seeds", str(ev.seeds),
+                                          *options, "--out", str(folder)],
+                                    deps=[f"train:{a}" for a in evaluated] + deps, inputs=inputs,
+                                    outputs=[folder / "results.json"], hash_of=folder / "results.json"))
             reportable.append(f"eval:{task}")
 
     a = spec.analyses
@@ -241,6 +242,7 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
             steps.append(Step(f"needle:{arm}", "needle", argv=argv, inputs=_file_arguments(argv),
                               deps=[f"train:{arm}"], outputs=[folder / "needle.json"], hash_of=folder / "needle.json"))
     reportable += [s.name for s in steps if s.kind in ("analysis", "needle")]
+    steps += evaluations
     if spec.report:
         steps.append(Step("report", "report", deps=reportable,
                           outputs=[out / "report.md", out / "report.html"], hash_of=out / "report.md"))
