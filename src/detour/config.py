@@ -247,6 +247,14 @@ class CardSpec(_Strict):
         return v
 
 
+class DistributedSpec(_Strict):
+    """How several processes (torchrun) share a step; never what a step computes (docs/distributed.md)."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="ddp: a full model per process, gradients all-reduced; fsdp: weights, gradients "
+                           "and optimizer state sharded over the processes (FSDP2)")
+
+
 class Recipe(_Strict):
     name: str = "detour"
     model: ModelSpec
@@ -262,6 +270,8 @@ class Recipe(_Strict):
     branch: BranchSpec | None = Field(None, description="start from a parent run's phase-end checkpoint")
     card: CardSpec | None = Field(None, description="model-card metadata of the exports: license, language, datasets, tags")
     logging: LoggingSpec = Field(default_factory=LoggingSpec, description="log lines and trackers")
+    distributed: DistributedSpec = Field(default_factory=DistributedSpec,
+                                         description="multi-process strategy: ddp or fsdp")
 
     @model_validator(mode="after")
     def _unique_phase_names(self):
@@ -389,7 +399,12 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
 
 def recipe_to_dict(recipe: Recipe) -> dict:
-    return recipe.model_dump(mode="json")
+    tree = recipe.model_dump(mode="json")
+    # The default strategy is left out: a recipe.json, and every key made from a recipe, stays what
+    # it was before the field existed.
+    if recipe.distributed == DistributedSpec():
+        del tree["distributed"]
+    return tree
 
 
 def baseline_of(recipe: Recipe) -> Recipe:

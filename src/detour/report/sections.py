@@ -14,7 +14,7 @@ from detour.report.collect import Study
 from detour.report.page import Page, count, num, p_value, pm, tokens
 from detour.report.tables import ALPHA, ResultsTable, Significance, freeze_arms, frozen_layers, low_divergence, low_layers
 
-IGNORED_KEYS = ("name", "branch", "checkpoint", "logging", "card")  # bookkeeping, not the arm's treatment
+IGNORED_KEYS = ("name", "branch", "checkpoint", "logging", "card", "distributed")  # bookkeeping, not the arm's treatment
 
 
 def model_line(s: Study) -> str:

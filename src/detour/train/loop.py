@@ -34,7 +34,8 @@ from detour.errors import DetourError
 from detour.io import write_json
 from detour.train.branch import branch_start, parent_metrics, stream_continuity
 from detour.train.checkpoint import checkpoint_folders, latest_checkpoint, restore_checkpoint, save_checkpoint
-from detour.train.distributed import World, init_world, shutdown_world
+from detour.train.distributed import (DataParallelism, World, check_strategy, init_world, micro_batches, rank_sequences,
+                                      shutdown_world, stand_in_batch)
 from detour.quiet import quiet_transformers
 from detour.train.metrics import MetricsLog, Progress, write_curves
 from detour.train.schedule import lr_at
@@ -68,7 +69,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     out = Path(out)
     world = init_world()
     device = select_device(recipe.device, world.local_rank)
-    _check_divisible(recipe, world)
+    recipe.grad_accumulation(world.size)  # a full step splits evenly; a phase's last one need not
+    check_strategy(recipe, world)
     preflight(recipe, out)
     trackers = Trackers(recipe, out, enabled=world.main)  # a missing tracker package stops the run here
     check_out_dir(out, recipe, resume)
@@ -110,6 +112,9 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
         stream.load_state_dict(state["sampler"])
         log.write_many(parent_metrics(Path(recipe.branch.run), state["global_step"]))
     per_step = recipe.tokens_per_step()
+    # After the restore: FSDP shards the restored weights and moves the optimizer onto the shards.
+    parallel = DataParallelism(model, optimizer, recipe, world, device)
+    optimizer = parallel.optimizer
 
     with _stop_on_signals() as stop, trackers, Progress(recipe, enabled=progress and world.main) as bar:
         for index, phase in enumerate(recipe.phases):
@@ -119,13 +124,14 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
             if state["phase_tokens"] == 0 and not phase.keep_optimizer_state:
                 optimizer.state.clear()  # fresh AdamW moments for this phase
             _apply_freeze(model, phase)
+            parallel.start_phase()
             set_phase_weight_decay(optimizer, recipe, phase)
             bar.start_phase(phase, state["phase_tokens"], step=state["global_step"])
             while True:
                 n_tokens = min(per_step, phase.tokens - state["phase_tokens"])
                 lr = lr_at(phase.lr, phase.lr.peak or recipe.optimizer.lr, state["phase_tokens"] + n_tokens, phase.tokens)
                 t0 = time.perf_counter()
-                loss, grad_norm, padding = train_step(model, optimizer, stream, recipe, phase, n_tokens, lr,
+                loss, grad_norm, padding = train_step(parallel, optimizer, stream, recipe, phase, n_tokens, lr,
                                                       generator, tokenizer.pad_token_id, record, device, world)
                 elapsed = time.perf_counter() - t0
                 before = state["global_tokens"]
@@ -142,10 +148,15 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                 bar.advance(n_tokens, loss, lr=lr, step=state["global_step"])
                 phase_done = state["phase_tokens"] == phase.tokens
                 # Export first: a crash before the checkpoint redoes the step and rewrites the same export.
-                if phase_done and world.main:
-                    _export(model, tokenizer, recipe, state, out / "export" / phase.name)
-                elif world.main and _export_due(recipe, phase, state["phase_tokens"] - n_tokens, state["phase_tokens"]):
-                    _export(model, tokenizer, recipe, state, out / "export" / phase.name / str(state["phase_tokens"]))
+                folder = None
+                if phase_done:
+                    folder = out / "export" / phase.name
+                elif _export_due(recipe, phase, state["phase_tokens"] - n_tokens, state["phase_tokens"]):
+                    folder = out / "export" / phase.name / str(state["phase_tokens"])
+                if folder is not None:
+                    full = parallel.full_model()  # FSDP gathers the shards: every rank takes part
+                    if world.main:
+                        _export(full, tokenizer, recipe, state, folder)
                 if phase_done:
                     state.update(phase_index=index + 1, phase_step=0, phase_tokens=0)
                 every = recipe.checkpoint.every_tokens
@@ -153,8 +164,10 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                 stopping = world.any(stop.signum != 0)
                 if phase_done or periodic or stopping:
                     state["sampler"] = stream.state_dict()
-                    path = save_checkpoint(out / "checkpoints", state["global_step"], model, optimizer, generator,
-                                           state, recipe.checkpoint.keep_last, world, recipe.checkpoint.keep_phase_ends)
+                    saved_model, saved_optimizer = parallel.checkpoint_parts()
+                    path = save_checkpoint(out / "checkpoints", state["global_step"], saved_model, saved_optimizer,
+                                           generator, state, recipe.checkpoint.keep_last, world,
+                                           recipe.checkpoint.keep_phase_ends)
                     if stopping:
                         raise TrainingStopped(stop.signum or signal.SIGTERM, path)
                 if phase_done:
@@ -163,8 +176,9 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
         # Still inside the signal guard: a SIGTERM now lets the final export finish (every phase is
         # done and checkpointed) instead of killing it halfway.
         summary = {}
+        full = parallel.full_model()
         if world.main:
-            final = _export(model, tokenizer, recipe, state, out / "model")
+            final = _export(full, tokenizer, recipe, state, out / "model")
             summary = _summary(recipe, state, final)
             write_curves(out / "metrics.jsonl", out / "curves.png", recipe.name)
             write_json(out / "summary.json", summary)  # last: its presence means the run is complete
@@ -173,35 +187,36 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     return TrainResult(out, summary)
 
 
-def train_step(model, optimizer, stream: PackedStream, recipe: Recipe, phase: PhaseSpec, n_tokens: int, lr: float,
-               generator: torch.Generator, pad_id: int, record: dict, device, world: World) -> tuple[float, float, int]:
+def train_step(parallel: DataParallelism, optimizer, stream: PackedStream, recipe: Recipe, phase: PhaseSpec,
+               n_tokens: int, lr: float, generator: torch.Generator, pad_id: int, record: dict, device,
+               world: World) -> tuple[float, float, int]:
     """One optimizer step over exactly `n_tokens` tokens (all ranks together).
 
     Returns the loss per label token, the gradient norm and the padding tokens, all global.
     """
-    from detour.model.objectives import clm_loss, mlm_loss
-
-    seq_len, mine = recipe.data.seq_len, n_tokens // world.size
-    lengths = [seq_len] * (mine // seq_len) + ([mine % seq_len] if mine % seq_len else [])
-    sequences = [stream.next_sequence(n) for n in lengths]
+    model = parallel.model
+    sequences = rank_sequences(stream, n_tokens, world)
     record["stream_hash"] = _chain_hash(record["stream_hash"], sequences, world)
     model.train()
     loss_sum, n_labels, padding = 0.0, 0, 0
     masked: dict[int, bytes] = {}  # stream index -> its masked positions, for the phase's mask hash
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    for i in range(0, len(sequences), recipe.batch.micro_batch):
-        batch = collate(sequences[i:i + recipe.batch.micro_batch], pad_id)
-        padding += int((batch["attention_mask"] == 0).sum())
+    parts = micro_batches(sequences, recipe.batch.micro_batch, n_tokens, recipe.data.seq_len, world)
+    for i, part in enumerate(parts):
+        batch = collate(part, pad_id) if part else stand_in_batch(pad_id)
+        if part:
+            padding += int((batch["attention_mask"] == 0).sum())
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        with autocast:
-            if phase.objective == "clm":
-                out = clm_loss(model, batch, chunk_size=recipe.clm_chunk_size)
-            else:
-                out = mlm_loss(model, batch, phase.mask_rate, mask_key=mask_key(recipe, phase))
-                masked.update(_masked_positions(batch, out.labels))
-        out.loss_sum.backward()  # summed, not averaged: normalised once below by the global label count
-        loss_sum += float(out.loss_sum.detach())
-        n_labels += int(out.n_labels)
+        with parallel.sync(last=i == len(parts) - 1):  # gradients reduced once, on the last micro-batch
+            with autocast:
+                loss, labels_here, labels = parallel.module(batch, phase.objective, phase.mask_rate,
+                                                            mask_key(recipe, phase))
+            # summed, not averaged: normalised once below by the global label count
+            (loss if parallel.loss_scale == 1 else loss * parallel.loss_scale).backward()
+        if part and phase.objective == "mlm":
+            masked.update(_masked_positions(batch, labels))
+        loss_sum += float(loss.detach())
+        n_labels += int(labels_here)
     if phase.objective == "mlm":
         record["mask_hash"] = _chain_masks(record.get("mask_hash", ""), masked, world)
     loss_sum, n_labels, padding = world.sum([loss_sum, n_labels, padding])
@@ -209,9 +224,7 @@ def train_step(model, optimizer, stream: PackedStream, recipe: Recipe, phase: Ph
     if not math.isfinite(loss_sum):
         raise DetourError(f"non-finite loss ({loss_sum}) in phase {phase.name!r}; no checkpoint was written "
                           f"for this step; resume from the last checkpoint with a lower LR")
-    params = [p for p in model.parameters() if p.requires_grad]
-    world.sum_gradients(params)
-    params = [p for p in params if p.grad is not None]
+    params = [p for p in model.parameters() if p.requires_grad and p.grad is not None]
     for p in params:
         p.grad.div_(n_labels)
     clip = recipe.optimizer.grad_clip
@@ -267,14 +280,6 @@ def _chain_hash(previous: str, sequences, world: World) -> str:
         h.update(seq.input_ids.astype("<i8").tobytes())
     step = world.stream_digest(h.hexdigest())
     return hashlib.sha256((previous + step).encode()).hexdigest()
-
-
-def _check_divisible(recipe: Recipe, world: World) -> None:
-    recipe.grad_accumulation(world.size)
-    for phase in recipe.phases:
-        if phase.tokens % world.size:
-            raise DetourError(f"phases: {phase.name}.tokens ({phase.tokens}) must be a multiple of the number of "
-                              f"processes ({world.size}) so every rank's share of the last step is equal")
 
 
 def _export_due(recipe: Recipe, phase: PhaseSpec, before: int, after: int) -> bool:
@@ -392,10 +397,10 @@ def check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
         raise DetourError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
     from detour.train.branch import first_difference
 
-    # `logging` and `card` never shape the run: a resume may change them, and runs saved before they
-    # existed lack them.
+    # `logging`, `card` and `distributed` never shape the run: a resume may change them (a checkpoint
+    # resumes on any number of processes and either strategy), and runs saved before they existed lack them.
     mine, theirs = recipe_to_dict(recipe), json.loads(saved.read_text())
-    for key in ("logging", "card"):
+    for key in ("logging", "card", "distributed"):
         mine.pop(key, None)
         theirs.pop(key, None)
     diff = first_difference(mine, theirs, "")
