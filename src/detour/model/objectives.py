@@ -3,9 +3,10 @@
     python -m pytest -q tests/model/test_objectives.py
 
 Both run the encoder body once with the packed-document masks of `detour.model.masks`, then the
-MLM head (transform + decoder tied to the input embeddings) only on the rows that carry a label,
-in chunks of rows, each chunk under activation checkpointing: the (tokens x vocab) logits are
-never materialised, and each chunk's logits are freed and recomputed in backward.
+MLM head (transform + decoder tied to the input embeddings) only on the rows that carry a label:
+the transform by plain autograd, the decoder projection + cross-entropy fused in chunks of rows
+(`detour.model.fused_ce`), whose gradients are made in forward, so the (tokens x vocab) logits are
+never kept and never recomputed.
 
 Losses are SUMS over label tokens; the training loop divides by the label count of the whole
 global batch, so CLM and MLM steps weigh tokens alike.
@@ -22,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from detour.errors import DetourError
 from detour.model import masks
+from detour.model.fused_ce import linear_cross_entropy_sum
 from detour.model.load import config_special_ids, encoder_body, family, mlm_head_parts
 
 IGNORE = -100
@@ -64,20 +66,23 @@ def encode(model, batch: dict, causal: bool, input_ids: torch.Tensor | None = No
 def head_loss_sum(model, rows: torch.Tensor, targets: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> torch.Tensor:
     """Sum of cross-entropies of the MLM head on `rows` [N, H] against `targets` [N], chunked."""
     transform, decoder = mlm_head_parts(model)
-
-    def piece(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = decoder(transform(x))
-        return F.cross_entropy(logits.float(), y, reduction="sum")
-
     if rows.shape[0] == 0:  # keep the graph connected so backward still runs
         return rows.sum() * 0.0
+    hidden = transform(rows)  # [N, H]: small next to the logits, so plain autograd
+    # a plain Linear is fused (gradients made in forward, none when nothing needs one); a wrapped
+    # decoder (adapters, hooks) must run as a module: checkpointed chunks, logits recomputed
+    if type(decoder) is torch.nn.Linear and not decoder._forward_hooks and not decoder._forward_pre_hooks:
+        return linear_cross_entropy_sum(hidden, decoder.weight, decoder.bias, targets, chunk_size)
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad
+                                              or any(p.requires_grad for p in decoder.parameters()))
+
+    def piece(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(decoder(x).float(), y, reduction="sum")
+
     total = None
     for start in range(0, rows.shape[0], chunk_size):
-        x, y = rows[start : start + chunk_size], targets[start : start + chunk_size]
-        if torch.is_grad_enabled():
-            part = checkpoint(piece, x, y, use_reentrant=False)
-        else:
-            part = piece(x, y)
+        x, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        part = checkpoint(piece, x, y, use_reentrant=False) if wants_grad else piece(x, y)
         total = part if total is None else total + part
     return total
 
