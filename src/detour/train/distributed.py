@@ -17,7 +17,6 @@ docs/distributed.md has the multi-node, SLURM and NCCL side.
 from __future__ import annotations
 
 import copy
-import hashlib
 import inspect
 import os
 from contextlib import contextmanager, nullcontext
@@ -46,14 +45,6 @@ class World:
 
     def any(self, flag: bool) -> bool:
         return bool(self.sum([float(flag)])[0]) if self.size > 1 else flag
-
-    def stream_digest(self, local: str) -> str:
-        """Combine each rank's digest of the tokens it consumed, in rank order."""
-        if self.size == 1:
-            return local
-        gathered: list[str] = [""] * self.size
-        dist.all_gather_object(gathered, local)
-        return hashlib.sha256("".join(gathered).encode()).hexdigest()
 
     def gather(self, obj) -> list:
         """Every rank's `obj`, in rank order (a list of one on a single process)."""

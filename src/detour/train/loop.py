@@ -274,11 +274,14 @@ def _chain_masks(previous: str, masked: dict[int, bytes], world: World) -> str:
 
 
 def _chain_hash(previous: str, sequences, world: World) -> str:
-    """Hash of every token id consumed so far in the phase (all ranks), chained so it survives a resume."""
-    h = hashlib.sha256()
-    for seq in sequences:
-        h.update(seq.input_ids.astype("<i8").tobytes())
-    step = world.stream_digest(h.hexdigest())
+    """Hash of every token id consumed so far in the phase (all ranks), chained so it survives a resume.
+
+    Each sequence is hashed under its index in the global stream and the step hashes them in stream
+    order, so the value does not depend on how many processes shared the step.
+    """
+    mine = {int(seq.index): hashlib.sha256(seq.input_ids.astype("<i8").tobytes()).hexdigest() for seq in sequences}
+    merged = {i: d for part in world.gather(mine) for i, d in part.items()}
+    step = hashlib.sha256("".join(merged[i] for i in sorted(merged)).encode()).hexdigest()
     return hashlib.sha256((previous + step).encode()).hexdigest()
 
 

@@ -5,7 +5,8 @@
 
 One JSON record per optimizer step: phase, objective, step (within the phase), global_step, tokens
 (cumulative within the phase), loss, lr, grad_norm, tokens_per_s, padding_tokens, stream_hash (the
-phase's chained hash of every token id consumed so far, as summary.json reports it at the phase end).
+phase's chained hash of every token id consumed so far, in stream order and the same on any number of
+processes, as summary.json reports it at the phase end).
 A branch (`--from`) starts with a copy of its parent's records up to the branch point. Each record
 also goes to the trackers of `logging.report_to` (see trackers.py). At the end of the run,
 RUN/curves.png plots them: loss against tokens per phase, the LR on a second axis.
