@@ -2,7 +2,8 @@
 # Set up a virtual environment and run the main job: `detour demo`, a small but complete matched
 # study (pretrained MiniLM-L6, the detour, its MLM twin and a second-seed twin on the embedded
 # SYNTHETIC clinical corpus; a SYNTHETIC NER task over 3 seeds; CKA with its noise floor; the
-# report). About 15 minutes on 2 CPU cores, offline. Rerunning continues where it stopped.
+# report). On 2 CPU cores, offline (39.5 minutes measured on 2 shared, busy cores). Rerunning
+# continues where it stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
