@@ -65,8 +65,13 @@ def init_world() -> World:
     if size == 1:
         return World()
     if not dist.is_initialized():
+        import atexit
+
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend=backend)
+        # One group for the whole process, ended at exit: `detour twins` trains several arms in one
+        # process, and a group created again after an FSDP run hangs at its first collective.
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     world = World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", 0)))
     if torch.cuda.is_available():
         torch.cuda.set_device(world.local_rank)
@@ -74,8 +79,9 @@ def init_world() -> World:
 
 
 def shutdown_world(world: World) -> None:
+    """The end of one training: every rank is done with it; the group itself lives until exit."""
     if world.size > 1 and dist.is_initialized():
-        dist.destroy_process_group()
+        dist.barrier()
 
 
 def check_strategy(recipe, world: World) -> None:
