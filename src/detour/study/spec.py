@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from detour.errors import DetourError
@@ -144,14 +143,12 @@ class StudySpec(_Strict):
 
 
 def load_study(path: str | Path) -> StudySpec:
+    from detour.io import read_yaml_mapping
+
     path = Path(path)
     if not path.is_file():
         raise DetourError(f"study file {path}: not found")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise DetourError(f"study file {path}: not valid YAML ({exc})") from None
-    return study_from_dict(raw, path, path.resolve().parent)
+    return study_from_dict(read_yaml_mapping(path, "study file"), path, path.resolve().parent)
 
 
 def study_from_dict(raw, where: Path, root: Path) -> StudySpec:
