@@ -16,6 +16,7 @@ import importlib
 import sys
 
 from detour.errors import DetourError
+from detour.quiet import quiet_transformers
 
 # verb -> (module, one-line help). Order follows the pipeline.
 VERBS: dict[str, tuple[str, str]] = {
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     module.add_arguments(verb_parser)
     args = verb_parser.parse_args(rest)
     try:
-        return int(module.run(args) or 0)
+        with quiet_transformers():  # detour reports progress and loads in its own words, in every verb
+            return int(module.run(args) or 0)
     except DetourError as exc:
         print(f"detour {verb}: error: {exc}", file=sys.stderr)
         return 2

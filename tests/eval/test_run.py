@@ -53,12 +53,17 @@ def test_smoke_every_shipped_task(task, minilm, shared_data, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]  # no epoch checkpoint left
 
 
-def test_fixed_seed_gives_identical_metrics(minilm, shared_data, tmp_path):
+def test_fixed_seed_gives_identical_metrics(minilm, shared_data, tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
     args = ["--tasks", "gad", "--seeds", "1", "--epochs", "2", "--max-train", "24", "--max-eval", "16", "--max-length", "32"]
     runs = []
     for name in ("a", "b"):
+        hf_logging.enable_progress_bar()  # as in a fresh process: only detour's verb may turn them off
         assert evaluate(minilm, tmp_path / name, *args, data_root=shared_data) == 0
         runs.append(json.loads((tmp_path / name / "results.json").read_text())["runs"][0])
+        said = capfd.readouterr()
+        assert "Loading weights" not in said.err + said.out  # transformers' bar, once per fine-tuning run
     assert runs[0]["metrics"] == runs[1]["metrics"]
     assert runs[0]["validation"] == runs[1]["validation"]
 

@@ -29,6 +29,7 @@ import torch
 
 from detour.errors import DetourError
 from detour.io import atomic_write
+from detour.quiet import quiet_transformers
 from detour.eval.heads import EncoderWithHead
 from detour.eval.splits import load_splits, subsample
 from detour.eval.tasks import TaskSpec, get_task_type
@@ -184,7 +185,8 @@ def build_model(model_name: str, prep: PreparedTask, linear_probe: bool) -> Enco
     from transformers import AutoModel
 
     try:
-        encoder = AutoModel.from_pretrained(model_name, trust_remote_code=False)
+        with quiet_transformers():  # a load turns transformers' bars back on: its "Loading weights" bar per run
+            encoder = AutoModel.from_pretrained(model_name, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise DetourError(f"cannot load an encoder from {model_name!r}: {exc}") from None
     hidden = encoder.config.hidden_size

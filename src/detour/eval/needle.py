@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from detour.errors import DetourError
 from detour.io import atomic_write, ensure_output_dir
 from detour.eval.needle_haystack import Haystacks, Pair, make_pairs, read_haystack
+from detour.quiet import quiet_transformers
 from detour.eval.needle_stats import accuracy_cell, beats_chance, chance_level, fmt
 from detour.eval.needle_templates import TEMPLATES
 
@@ -238,8 +239,9 @@ def needle(model_path: str, preset: Preset, lang: str, haystack: str, out: Path,
 
     t0 = time.time()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModel.from_pretrained(model_path)
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            model = AutoModel.from_pretrained(model_path)
     except OSError as exc:
         raise DetourError(f"{model_path}: cannot load a tokenizer and encoder from it ({exc})") from exc
     max_pos = getattr(model.config, "max_position_embeddings", None)
