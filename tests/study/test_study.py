@@ -230,3 +230,51 @@ def test_keys_ignore_where_the_study_folder_is(tmp_path):
     # but a different upstream output is a different key
     assert step_key(a["train:detour"], (tmp_path / "a").resolve(), {"prepare:corpus": "h"}) != \
         step_key(a["train:detour"], (tmp_path / "a").resolve(), {"prepare:corpus": "other"})
+
+
+def test_a_corpus_copied_with_new_times_keeps_its_keys_but_new_content_does_not(tmp_path):
+    from detour.study.graph import step_key
+    from detour.study.run import State, plan
+
+    corpus = tmp_path / "notes.txt"
+    corpus.write_text("Patient seen for a cough.\nNo fever, chest clear.\n")
+    study = _study(tmp_path, prepare={"corpus": {"sources": [str(corpus)], "tokenizer": "minilm-l6"}})
+    out = (tmp_path / "out").resolve()
+    steps = build_steps(load_study(study), out)
+    state, hashes = State(out), {}
+    for step in steps:  # as if the whole study had finished
+        state.steps[step.name] = {"key": step_key(step, out, hashes, state.content), "output_hash": f"h-{step.name}"}
+        hashes[step.name] = f"h-{step.name}"
+        for p in step.outputs:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.touch()
+    state.save()
+    assert str(corpus.resolve()) in json.loads((out / ".study" / "hashes.json").read_text())["files"]
+    later = corpus.stat().st_mtime_ns + 3600 * 10**9
+    os.utime(corpus, ns=(later, later))  # a fresh copy on a scratch disk: the same bytes, a new time
+    assert set(plan(steps, out, State(out)).values()) == {"done"}
+    corpus.write_text("Patient seen for a cough.\nFever, crackles at the left base.\n")
+    states = plan(steps, out, State(out))
+    assert states["prepare:corpus"] == states["train:detour"] == states["report"] == "stale"
+
+
+def test_content_hashes_read_a_file_again_only_when_its_size_or_time_changes(tmp_path):
+    from detour.study.hashes import ContentHashes
+
+    f = tmp_path / "corpus.txt"
+    f.write_text("abc\n")
+    cache = ContentHashes(tmp_path / "hashes.json")
+    first = cache.of(f)
+    cache.save()
+    st = f.stat()
+    f.write_text("xyz\n")  # same size; the time put back: the cache answers without reading
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert ContentHashes(tmp_path / "hashes.json").of(f) == first
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert ContentHashes(tmp_path / "hashes.json").of(f) != first
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.bin").write_bytes(b"1")
+    before = cache.of(folder)
+    (folder / "b.bin").write_bytes(b"2")
+    assert cache.of(folder) != before

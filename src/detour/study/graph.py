@@ -16,7 +16,7 @@ Layout of the study folder OUT (what `detour report` reads):
     OUT/.study/                      the steps' state, their logs and the arms' resolved recipes
 
 A step's key hashes what determines its output: its command (paths relative to OUT), the content
-of the files it reads (recipe, task specs; local corpora by size and modification time), the output
+of the files it reads (recipe, task specs, corpora: sha256, see detour.study.hashes), the output
 hashes of the steps it depends on (model weights, results files) and detour's version.
 """
 
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from detour.config import Recipe, apply_overrides, load_recipe, recipe_from_dict, recipe_to_dict
 from detour.errors import DetourError
+from detour.study.hashes import ContentHashes
 from detour.study.spec import StudySpec, option_flags
 
 SYNTHETIC_TASK = "synthetic-ner"
@@ -273,42 +274,26 @@ def _relative(value, out: str):
     return value
 
 
-def fingerprint(path: Path) -> str:
-    """A file's sha256 when small (specs, recipes); size and mtime for corpora and folders."""
-    if path.is_file() and path.stat().st_size <= 1 << 20:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    h = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.relative_to(path) if f != path else f.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return "stat:" + h.hexdigest()
-
-
-def output_hash(path: Path) -> str:
-    """What downstream keys see of an output: weights for a model folder, content for a file."""
+def output_hash(path: Path, content: ContentHashes) -> str:
+    """What downstream keys see of an output: weights for a model folder, content for a file or folder."""
     from detour.analysis.models import weights_hash
 
     if path.is_dir() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin"))):
         return weights_hash(str(path))
-    if path.is_dir():
-        return fingerprint(path)
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return content.of(path)
 
 
-def step_key(step: Step, out: Path, dep_hashes: dict[str, str]) -> str:
+def step_key(step: Step, out: Path, dep_hashes: dict[str, str], content: ContentHashes | None = None) -> str:
     from detour import __version__
+
+    content = content or ContentHashes(None)
 
     root = str(Path(out).resolve())
     material = {
         "step": step.name,
         "argv": _relative(step.argv or [], root),
         "spec": _relative(step.spec, root),
-        "inputs": {_relative(str(p.resolve()), root): fingerprint(p) for p in step.inputs},
+        "inputs": {_relative(str(p.resolve()), root): content.of(p) for p in step.inputs},
         "deps": {d: dep_hashes[d] for d in step.deps},
         "version": __version__,
     }

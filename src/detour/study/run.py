@@ -34,6 +34,7 @@ from pathlib import Path
 from detour.errors import DetourError
 from detour.io import write_json, write_text
 from detour.study.graph import SYNTHETIC_TASK, Step, build_steps, output_hash, step_key
+from detour.study.hashes import ContentHashes
 from detour.study.spec import StudySpec, load_study
 
 RESUMABLE_EXIT = 75
@@ -58,9 +59,11 @@ class State:
         data = json.loads(self.path.read_text()) if self.path.is_file() else {}
         self.steps: dict[str, dict] = data.get("steps", {})
         self.started: dict[str, str] = data.get("started", {})
+        self.content = ContentHashes(self.dir / "hashes.json")
 
     def save(self) -> None:
         write_json(self.path, {"schema": STATE_SCHEMA, "steps": self.steps, "started": self.started})
+        self.content.save()
 
     def event(self, step: str, event: str, **fields) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -77,7 +80,7 @@ def plan(steps: list[Step], out: Path, state: State) -> dict[str, str]:
         if any(d not in hashes for d in step.deps):
             states[step.name] = "stale" if record else "to run"  # its inputs are not there yet
             continue
-        key = step_key(step, out, hashes)
+        key = step_key(step, out, hashes, state.content)
         if record and record["key"] == key and all(p.exists() for p in step.outputs):
             states[step.name] = "done"
             hashes[step.name] = record["output_hash"]
@@ -237,7 +240,7 @@ def execute(spec: StudySpec, out: Path, steps: list[Step]) -> int:
     ran, cached, started_at = [], [], time.time()
     try:
         for i, step in enumerate(steps, 1):
-            key = step_key(step, out, hashes)
+            key = step_key(step, out, hashes, state.content)
             record = state.steps.get(step.name)
             if record and record["key"] == key and all(p.exists() for p in step.outputs):
                 hashes[step.name] = record["output_hash"]
@@ -266,7 +269,7 @@ def execute(spec: StudySpec, out: Path, steps: list[Step]) -> int:
                 state.event(step.name, "failed", rc=rc)
                 raise DetourError(f"step {step.name} failed (exit {rc}); its output is in "
                                   f"{state.dir / 'logs' / (step.name.replace(':', '-') + '.log')}")
-            hashes[step.name] = output_hash(step.hash_of)
+            hashes[step.name] = output_hash(step.hash_of, state.content)
             state.steps[step.name] = {"key": key, "output_hash": hashes[step.name],
                                       "seconds": round(time.time() - t0, 1),
                                       "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
