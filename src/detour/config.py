@@ -408,11 +408,27 @@ def recipe_to_dict(recipe: Recipe) -> dict:
 
 
 def baseline_of(recipe: Recipe) -> Recipe:
-    """The matched MLM twin: every CLM phase becomes MLM at `baseline_mask_rate`; all else equal."""
+    """The matched MLM twin: every CLM phase becomes MLM at `baseline_mask_rate`; all else equal.
+
+    A replaced phase's name says what it now is: `clm` becomes `mlm30` (the rate in percent), in the
+    twin's logs, export folders and model card. Phases are matched between the arms by position, and
+    the other phases keep their names, so the decay's masks (keyed by seed and phase name) are the
+    detour's own.
+    """
     tree = recipe_to_dict(recipe)
+    renamed = {}
     for phase in tree["phases"]:
         if phase["objective"] == "clm":
             phase["objective"] = "mlm"
             phase["mask_rate"] = recipe.baseline_mask_rate
+            if "clm" in phase["name"]:
+                new = phase["name"].replace("clm", f"mlm{round(recipe.baseline_mask_rate * 100)}")
+                if new not in {p.name for p in recipe.phases}:
+                    renamed[phase["name"]] = phase["name"] = new
+    checkpoint = tree["checkpoint"]
+    if checkpoint.get("export_phases"):
+        checkpoint["export_phases"] = [renamed.get(n, n) for n in checkpoint["export_phases"]]
+    if tree.get("branch"):
+        tree["branch"]["after_phase"] = renamed.get(tree["branch"]["after_phase"], tree["branch"]["after_phase"])
     tree["name"] = f"{recipe.name}-mlm-baseline"
     return recipe_from_dict(tree, "(baseline twin)")

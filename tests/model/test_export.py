@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -222,18 +223,19 @@ def test_exports_taken_at_or_during_a_phase_say_what_they_have_not_had(arms):
 
 def test_the_baseline_arms_card_never_claims_a_clm_phase(arms):
     recipe, run = arms["baseline"]
-    assert recipe.phases[0].name == "clm" and recipe.phases[0].objective == "mlm"  # the name is kept
-    for folder in (run / "model", run / "export" / "clm", run / "export" / "clm" / "512"):
+    assert recipe.phases[0].name == "mlm30" and recipe.phases[0].objective == "mlm"  # named for what it is
+    stand_in = "mlm30 (MLM at 30% masking, matched with the detour's phase of the same budget)"
+    for folder in (run / "model", run / "export" / "mlm30", run / "export" / "mlm30" / "512"):
         card, in_card = load_card(folder)
         assert "mlm-baseline" in card.data.tags and "clm-detour" not in card.data.tags, folder
         assert card.text.splitlines()[1].startswith("# tiny-modernbert: MLM baseline"), folder
-        assert "CLM" not in card.text and "causal" not in card.text, folder
-        assert "phase clm (replaced by MLM at 30% masking in this baseline arm)" in card.text
+        assert "CLM" not in card.text and "causal" not in card.text and not re.search(r"\bclm\b", card.text), folder
+        assert f"phase {stand_in}" in card.text
         assert [table_row(card, p.name)[1] for p in recipe.phases] == ["mlm", "mlm"]
-        assert table_row(card, "clm")[:3] == ["clm (replaced by MLM at 30% masking in this baseline arm)", "mlm", "0.3"]
+        assert table_row(card, "mlm30")[:3] == [stand_in, "mlm", "0.3"]
         assert in_card == recipe_to_dict(recipe)
-    card, _ = load_card(run / "export" / "clm")
-    assert ("Taken at the end of phase clm (replaced by MLM at 30% masking in this baseline arm). It has not had "
+    card, _ = load_card(run / "export" / "mlm30")
+    assert (f"Taken at the end of phase {stand_in}. It has not had "
             "phase decay (MLM at 15% masking) yet.") in card.text
 
 

@@ -59,11 +59,22 @@ def test_baseline_twin_differs_in_phase_one_objective_only():
     recipe = load_recipe(RECIPES / "tiny-modernbert.yaml")
     twin = baseline_of(recipe)
     assert twin.phases[0].objective == "mlm" and twin.phases[0].mask_rate == recipe.baseline_mask_rate
+    assert [p.name for p in twin.phases] == ["mlm30", "decay"]  # named for what it is; the decay keeps its name
     a, b = recipe.model_dump(), twin.model_dump()
     a.pop("name"), b.pop("name")
-    a["phases"][0].update(objective=None, mask_rate=None)
-    b["phases"][0].update(objective=None, mask_rate=None)
+    a["phases"][0].update(objective=None, mask_rate=None, name=None)
+    b["phases"][0].update(objective=None, mask_rate=None, name=None)
     assert a == b
+
+
+def test_the_twin_renames_what_refers_to_a_replaced_phase():
+    recipe = load_recipe(RECIPES / "tiny-modernbert.yaml", ["baseline_mask_rate=0.4", "checkpoint.export_phases=[clm, decay]",
+                                                            "checkpoint.export_every_tokens=1k"])
+    twin = baseline_of(recipe)
+    assert [p.name for p in twin.phases] == ["mlm40", "decay"]
+    assert twin.checkpoint.export_phases == ["mlm40", "decay"]
+    named = load_recipe(RECIPES / "tiny-modernbert.yaml", ["phases.0.name=long"])
+    assert [p.name for p in baseline_of(named).phases] == ["long", "decay"]  # a name that does not say clm is kept
 
 
 def test_a_batch_that_does_not_split_says_which_micro_batch_does(tiny_recipe):

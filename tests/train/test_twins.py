@@ -21,11 +21,13 @@ def test_twins_same_stream_and_loadable_exports(tiny_recipe, tmp_path):
     # the decay is the same experiment in both arms: the same positions masked in the same tokens,
     # although the baseline's Phase 1 drew masks and the detour's did not
     assert detour_arm["phases"]["decay"]["mask_hash"] == baseline["phases"]["decay"]["mask_hash"] is not None
-    assert detour_arm["phases"]["clm"]["mask_hash"] is None and baseline["phases"]["clm"]["mask_hash"]
+    # the twin's replaced phase is named for what it is, and matched with the detour's by position
+    assert list(baseline["phases"]) == ["mlm30", "decay"]
+    assert detour_arm["phases"]["clm"]["mask_hash"] is None and baseline["phases"]["mlm30"]["mask_hash"]
     assert report["stream_vs_detour"]["baseline"] == {"clm": "equal", "decay": "equal, same masks"}
     assert detour_arm["phases"]["clm"]["objective"] == "clm"
-    assert baseline["phases"]["clm"]["objective"] == "mlm" and baseline["phases"]["clm"]["mask_rate"] == 0.30
-    assert detour_arm["phases"]["clm"]["stream_hash"] == baseline["phases"]["clm"]["stream_hash"] != ""
+    assert baseline["phases"]["mlm30"]["objective"] == "mlm" and baseline["phases"]["mlm30"]["mask_rate"] == 0.30
+    assert detour_arm["phases"]["clm"]["stream_hash"] == baseline["phases"]["mlm30"]["stream_hash"] != ""
     assert detour_arm["phases"]["decay"]["stream_hash"] != detour_arm["phases"]["clm"]["stream_hash"]
     for arm in ("detour", "baseline"):
         folder = tmp_path / arm / "model"
@@ -35,9 +37,10 @@ def test_twins_same_stream_and_loadable_exports(tiny_recipe, tmp_path):
         tok = AutoTokenizer.from_pretrained(folder)
         fill = pipeline("fill-mask", model=model, tokenizer=tok)
         assert len(fill(f"the patient was given {tok.mask_token} daily.")) == 5
-        assert (folder / "README.md").read_text().count("clm") >= 1
         with torch.no_grad():
             assert torch.isfinite(model(**tok("a test", return_tensors="pt")).logits).all()
+    assert "clm" in (tmp_path / "detour" / "model" / "README.md").read_text()
+    assert "mlm30" in (tmp_path / "baseline" / "model" / "README.md").read_text()
     assert report["end_of_decay_mlm_loss"]["detour"] > 0 and report["end_of_decay_mlm_loss"]["baseline"] > 0
     assert report["synthetic_data"] is True
     assert "SYNTHETIC" in (tmp_path / "detour" / "model" / "README.md").read_text()

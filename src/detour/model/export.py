@@ -176,12 +176,16 @@ def _arm(card: dict) -> str:
     return card.get("arm") or ("detour" if any(p.get("objective") == "clm" for p in card.get("phases", [])) else "mlm")
 
 
+# what a baseline phase at baseline_mask_rate is: the detour's phase at that position, with MLM
+_STAND_IN = "MLM at {} masking, matched with the detour's phase of the same budget"
+
+
 def _phase_text(phase: dict) -> str:
-    """'phase decay (MLM at 15% masking)', 'phase clm (replaced by MLM at 30% masking in this baseline arm)'."""
+    """'phase decay (MLM at 15% masking)', 'phase mlm30 (MLM at 30% masking, matched with the detour's phase ...)'."""
     name = phase.get("name", "?")
     rate = phase.get("mask_rate")
     if phase.get("replaced"):
-        return f"phase {name} (replaced by MLM at {_percent(rate)} masking in this baseline arm)"
+        return f"phase {name} ({_STAND_IN.format(_percent(rate))})"
     if phase.get("objective") == "clm":
         return f"phase {name} (CLM)"
     return f"phase {name} (MLM at {_percent(rate)} masking)" if rate is not None else f"phase {name} (MLM)"
@@ -312,7 +316,7 @@ def _card(card: dict, model) -> str:
         loss = phase.get("final_loss")
         name = phase.get("name", "")
         if phase.get("replaced"):
-            name += f" (replaced by MLM at {_percent(phase['mask_rate'])} masking in this baseline arm)"
+            name += f" ({_STAND_IN.format(_percent(phase['mask_rate']))})"
         cells = [name, phase.get("objective", ""),
                  phase.get("mask_rate") if phase.get("mask_rate") is not None else "-",
                  _count(phase.get("tokens", "")), _count(phase.get("tokens_done", "-")),

@@ -115,8 +115,10 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
     per_arm, tokens_equal, stream_equal, masks_equal = {}, True, True, True
     for name, summary in summaries.items():
         rows = {}
-        for p in phases:
-            mine, theirs = summary["phases"].get(p), ref["phases"][p]
+        # by position: the twin's replaced phase has its own name (mlm30 for clm)
+        own = list(summary["phases"].values())
+        for i, p in enumerate(phases):
+            mine, theirs = own[i] if i < len(own) else None, ref["phases"][p]
             if mine is None or mine["budget"] != theirs["budget"]:
                 rows[p] = "budget differs"
                 continue
@@ -144,8 +146,9 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
         "checks": {"tokens_equal": tokens_equal, "stream_hashes_equal": stream_equal,
                    "mlm_masks_equal": masks_equal},
         "stream_vs_detour": per_arm,
-        "end_of_decay_mlm_loss": {"phase": last, **{name: s["phases"][last]["final_loss"]
-                                                     for name, s in summaries.items() if last in s["phases"]}},
+        "end_of_decay_mlm_loss": {"phase": last, **{name: list(s["phases"].values())[-1]["final_loss"]
+                                                     for name, s in summaries.items()
+                                                     if len(s["phases"]) == len(phases)}},
     }
 
 
