@@ -59,6 +59,7 @@ def test_synthetic_source_is_marked_synthetic(minilm, tmp_path, capsys):
     assert manifest["documents"] == 40 and manifest["sources"][0]["name"] == "synthetic-clinical-en"
     captured = capsys.readouterr()
     assert "SYNTHETIC" in captured.err and "SYNTHETIC" in captured.out
+    assert "token ids stored as uint16" in captured.out and "<u2" not in captured.out  # words, not a numpy code
 
 
 def test_parquet_with_empty_and_null_rows(minilm, tmp_path):

@@ -418,5 +418,6 @@ def run(args) -> int:
         print(f"  {s['name']}: {s['documents']:,} documents, {s['tokens']:,} tokens, "
               f"{s['skipped_documents']:,} skipped{weight}{tag}")
     print(f"prepared {manifest['documents']:,} documents, {manifest['tokens']:,} tokens "
-          f"({manifest['skipped_documents']:,} empty skipped, {manifest['dtype']}) -> {args.out}")
+          f"({manifest['skipped_documents']:,} empty skipped; token ids stored as "
+          f"{np.dtype(manifest['dtype']).name}) -> {args.out}")
     return 0
