@@ -72,6 +72,8 @@ def test_study_arms_freeze_branch_and_share_the_stream(tiny_recipe, tmp_path, ca
     assert detour(args) == 0
     printed = capsys.readouterr().out
     assert "layer groups: low 0, mid 1, late 2 (of 3 layers)" in printed
+    assert ("checks: same token counts: yes, same token stream: yes, same MLM masks where the arms' phases "
+            "match: yes") in printed and "{" not in printed  # words, not a Python dict
     assert f"branched from {tmp_path / 'detour'} after clm" in printed
     report = json.loads((tmp_path / "twins.json").read_text())
     assert list(report["arms"]) == ["detour", "baseline", "freeze-low-clm", "freeze-low-decay", "decay-short",

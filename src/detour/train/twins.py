@@ -108,6 +108,15 @@ def _branch_point(name: str, arm: Recipe, done: dict[str, Recipe], out: Path) ->
     return recipe_from_dict(tree, f"(arm {name})")
 
 
+_CHECK_WORDS = {"tokens_equal": "same token counts", "stream_hashes_equal": "same token stream",
+                "mlm_masks_equal": "same MLM masks where the arms' phases match"}
+
+
+def describe_checks(checks: dict[str, bool]) -> str:
+    """twins.json's checks in words: 'same token counts: yes, same token stream: yes, ...'."""
+    return ", ".join(f"{_CHECK_WORDS.get(k, k)}: {'yes' if v else 'NO'}" for k, v in checks.items())
+
+
 def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
     """Each arm against the detour: same tokens and the same stream wherever the phase budgets agree."""
     ref = summaries["detour"]
@@ -230,11 +239,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{'':9s} {describe_branch(summary['branch'])}")
     if report["layer_groups"]:
         print(f"layer groups: {report['layer_groups']}")
-    print(f"checks: {report['checks']}")
+    print(f"checks: {describe_checks(report['checks'])}")
     if report["synthetic_data"]:
         print("note: trained on SYNTHETIC text (embedded generator): an engine test, not a result")
     losses = {k: v for k, v in report["end_of_decay_mlm_loss"].items() if k != "phase"}
     print("MLM loss at the end of the decay: " + ", ".join(f"{k} {v:.4f}" for k, v in losses.items()))
     if not all(report["checks"].values()):
-        raise DetourError(f"the arms did not see the same token stream: {report['checks']} ({args.out}/twins.json)")
+        raise DetourError(f"the arms did not see the same token stream: {describe_checks(report['checks'])} "
+                          f"({args.out}/twins.json)")
     return 0
