@@ -61,7 +61,9 @@ class ModelSpec(_Strict):
     source: str | None = Field(None, description="hub name or local folder of a pretrained encoder")
     config: dict[str, Any] | None = Field(None, description="architecture config (with model_type) to build from scratch")
     tokenizer: str | None = Field(None, description="tokenizer hub name or folder (default: the source's)")
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    attn_implementation: Literal["sdpa", "eager", "varlen", "auto"] = Field(
+        "sdpa", description="attention backend: sdpa or eager with packed-document masks; varlen (document "
+                            "boundaries as cu_seqlens, no L x L mask: flash varlen on CUDA); auto: varlen on CUDA, else sdpa")
     trust_remote_code: bool = False
 
     @model_validator(mode="after")

@@ -9,17 +9,21 @@ and checks, in every layer's hidden states (embeddings included):
   both  isolation: changing one packed document changes nothing in the other, nor does padding;
   mlm   bidirectional: changing tokens after t changes earlier states of the same document;
   mlm   stock parity: a single unpadded document gives the stock forward's hidden states
-        (so ModernBERT's sliding window is the model's own).
+        (so ModernBERT's sliding window is the model's own);
+  both  varlen parity: the mask-free varlen path (`detour.model.varlen`) gives the dense-mask
+        path's hidden states (max abs diff printed), whichever of the two the model was loaded with.
 Prints a JSON verdict; exits 1 when any check fails.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import torch
 
 from detour.errors import DetourError
+from detour.model import varlen
 from detour.model.load import config_special_ids, encoder_body, load_mlm_model, tiny_modernbert_config
 from detour.model.objectives import encode
 
@@ -30,7 +34,8 @@ PARITY = 1e-5  # stock vs detour forward on one document (fp32, different kernel
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", help="hub name or folder, or `tiny-modernbert` (test config, MiniLM tokenizer)")
-    parser.add_argument("--attn", choices=("sdpa", "eager"), default="sdpa", help="attention implementation")
+    parser.add_argument("--attn", choices=("sdpa", "eager", "varlen", "auto"), default="sdpa",
+                        help="attention implementation (as model.attn_implementation; the doctor runs on the CPU)")
     parser.add_argument("--seq-len", type=int, default=64, help="packed sequence length to test (>= 16)")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -83,6 +88,17 @@ def _hidden(model, batch, causal: bool, input_ids=None) -> torch.Tensor:
     return torch.stack(out.hidden_states)  # [layers + 1, B, L, H]
 
 
+@contextmanager
+def _attention(model, name: str):
+    """Run `model` with another attention implementation for a while (same weights)."""
+    saved = model.config._attn_implementation
+    model.config._attn_implementation = name
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = saved
+
+
 def _perturbed(batch, where: torch.Tensor, vocab_size, special, seed) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed + 1)
     ids = batch["input_ids"]
@@ -110,6 +126,14 @@ def check_model(model, seq_len: int = 64, seed: int = 0) -> dict:
     with torch.no_grad():
         for objective, causal in (("clm", True), ("mlm", False)):
             base = _hidden(model, batch, causal)
+            current = model.config._attn_implementation
+            other = "sdpa" if current == varlen.NAME else varlen.NAME
+            with _attention(model, other):
+                value = (_hidden(model, batch, causal) - base).abs().max().item()
+            dense = other if current == varlen.NAME else current
+            # fp32 rounding of sums in another order grows with the states' size (MiniLM's reach ~10)
+            tolerance = PARITY * max(1.0, base.abs().max().item())
+            record(objective, "varlen equals dense masks", value, value <= tolerance, dense=dense, tolerance=tolerance)
 
             def diff(where, keep_mask):
                 ids = _perturbed(batch, where.to(device), vocab, special, seed)
@@ -148,6 +172,8 @@ def check_model(model, seq_len: int = 64, seed: int = 0) -> dict:
         "seq_len": seq_len,
         "layers": model.config.num_hidden_layers,
         "ok": all(c["ok"] for c in checks),
+        "varlen_vs_dense_max_abs_diff": {c["objective"]: c["value"] for c in checks
+                                         if c["check"] == "varlen equals dense masks"},
         "checks": checks,
     }
     if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()):

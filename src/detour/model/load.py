@@ -7,6 +7,10 @@ One model class (`AutoModelForMaskedLM`) serves both phases: the body is run wit
 `detour.model.masks`, and the MLM head (transform + decoder tied to the input embeddings) is the
 next-token head in CLM. An encoder saved without an MLM head (the MiniLM package, any `BertModel`)
 gets a fresh head, tied, and we say so once in plain words.
+
+Attention (`model.attn_implementation`): sdpa and eager take dense packed-document masks; varlen
+takes document boundaries only (`detour.model.varlen`, flash varlen on CUDA); auto is varlen for a
+model that will run on CUDA, sdpa otherwise.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from transformers import (
 from transformers.activations import gelu
 
 from detour.errors import DetourError
+from detour.model import varlen
 from detour.quiet import quiet_transformers
 
 log = logging.getLogger(__name__)
@@ -51,6 +56,48 @@ def tiny_modernbert_config() -> dict:
         global_attn_every_n_layers=3,
         local_attention=8,
     )
+
+
+ATTN_CHOICES = ("sdpa", "eager", "varlen", "auto")
+
+
+def _attention_dropout(hf_config) -> tuple[str, float]:
+    """(field, value) of the attention-probability dropout: ModernBERT's attention_dropout, the BERT family's
+    attention_probs_dropout_prob."""
+    for name in ("attention_dropout", "attention_probs_dropout_prob"):
+        if getattr(hf_config, name, None) is not None:
+            return name, float(getattr(hf_config, name))
+    return "attention dropout", 0.0
+
+
+def resolve_attn_implementation(choice: str, hf_config, device=None) -> str:
+    """The transformers attention implementation for `model.attn_implementation` on this config and device.
+
+    `device` is where the model will run (None: not known, so auto gives sdpa).
+    """
+    if choice not in ATTN_CHOICES:
+        raise DetourError(f"model.attn_implementation: {choice!r} is not one of {', '.join(ATTN_CHOICES)}")
+    if choice in ("sdpa", "eager"):
+        return choice
+    _check_type(hf_config.model_type, "model")  # every supported family runs varlen
+    field, dropout = _attention_dropout(hf_config)
+    on_cuda = torch.cuda.is_available() and device is not None and torch.device(device).type == "cuda"
+    if choice == "auto":
+        # the flash kernels need an Ampere or newer GPU, and have no attention dropout
+        if on_cuda and torch.cuda.get_device_capability(torch.device(device)) >= (8, 0) and dropout == 0:
+            return varlen.NAME
+        if on_cuda and dropout > 0:
+            log.info("model.attn_implementation auto: sdpa, since this %s model's %s is %g (varlen has no "
+                     "attention dropout)", hf_config.model_type, field, dropout)
+        return "sdpa"
+    if dropout > 0:
+        raise DetourError(
+            f"model.attn_implementation: varlen has no attention dropout, but this {hf_config.model_type} model's "
+            f"{field} is {dropout:g}; use sdpa (or auto), or build the model from model.config with {field}: 0")
+    if not on_cuda:
+        log.warning("model.attn_implementation varlen without a CUDA device: attention runs the exact "
+                    "per-document CPU reference (slower than sdpa)")
+    return varlen.NAME
 
 
 def _check_type(model_type: str | None, where: str) -> str:
@@ -130,8 +177,13 @@ def load_mlm_model(
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
     seed: int | None = None,
+    device: torch.device | str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """An fp32 `*ForMaskedLM` model and its tokenizer, from a hub name/folder or from a config dict."""
+    """An fp32 `*ForMaskedLM` model and its tokenizer, from a hub name/folder or from a config dict.
+
+    `attn_implementation` is one of ATTN_CHOICES; `device` (where the caller will move the model)
+    decides "auto" and whether "varlen" can use its CUDA kernel. The model is returned on the CPU.
+    """
     if (source is None) == (config is None):
         raise DetourError("model: give either a hub name/folder or an architecture config, not both")
     if config is not None:
@@ -153,6 +205,7 @@ def load_mlm_model(
             hf_config = AutoConfig.for_model(model_type, **fields)
         except (TypeError, ValueError) as exc:
             raise DetourError(f"model.config: {exc}") from exc
+        attn_implementation = resolve_attn_implementation(attn_implementation, hf_config, device)
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -161,19 +214,20 @@ def load_mlm_model(
             )
     else:
         tok = _load_tokenizer(tokenizer if tokenizer is not None else source, trust_remote_code)
-        model = _load_pretrained(source, attn_implementation, trust_remote_code, seed)
+        model = _load_pretrained(source, attn_implementation, trust_remote_code, seed, device)
     _special_ids_into_config(model.config, tok)
     model.never_mask_ids = special_token_ids(tok)  # added special tokens too; MLM never masks them
     model.config.is_decoder = False
     return model, tok
 
 
-def _load_pretrained(source, attn_implementation, trust_remote_code, seed) -> PreTrainedModel:
+def _load_pretrained(source, attn_implementation, trust_remote_code, seed, device=None) -> PreTrainedModel:
     try:
         hf_config = AutoConfig.from_pretrained(str(source), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise DetourError(f"model: cannot read a Hugging Face config from {source}: {exc}") from exc
     _check_type(hf_config.model_type, f"model {source}")
+    attn_implementation = resolve_attn_implementation(attn_implementation, hf_config, device)
     # transformers warns "newly initialized" about the head of a head-less checkpoint; we say it
     # once ourselves below, in words that match what happens (a fresh head, decoder tied).
     try:

@@ -2,8 +2,10 @@
 
     detour doctor tiny-modernbert      # checks these masks on a real model, both objectives
 
-What `build_attention_mask` returns is passed as `attention_mask=` to the model's forward, and
-transformers uses it as-is (a 4D mask, or ModernBERT's per-layer-type dict). A query attends to a
+`attention_inputs` gives the attention keywords of the model's forward for its backend. For sdpa
+and eager that is `attention_mask=` what `build_attention_mask` returns, and transformers uses it
+as-is (a 4D mask, or ModernBERT's per-layer-type dict). For varlen (`detour.model.varlen`) it is
+the document boundaries alone: no mask of any size is built. A query attends to a
 key only when both belong to the same document (document isolation), and, under `causal`, when
 the key is not after the query. ModernBERT's sliding layers also keep |q - k| <= local_attention // 2.
 Padding (doc id -1) is never attended; a padding query sees only itself, so no softmax row is
@@ -20,6 +22,7 @@ from functools import lru_cache
 import torch
 
 from detour.errors import DetourError
+from detour.model import varlen
 from detour.model.load import family
 
 SUPPORTED_ATTN = ("sdpa", "eager")
@@ -48,6 +51,13 @@ def _for_backend(allowed: torch.Tensor, attn: str, dtype) -> torch.Tensor:
     )
 
 
+def attention_inputs(model, doc_ids: torch.Tensor, causal: bool) -> dict:
+    """The attention keyword arguments of `model`'s forward on a packed batch with these document ids."""
+    if model.config._attn_implementation == varlen.NAME:
+        return {varlen.KWARG: varlen.packed_documents(doc_ids, causal)}
+    return {"attention_mask": build_attention_mask(model, doc_ids, causal)}
+
+
 def build_attention_mask(model, doc_ids: torch.Tensor, causal: bool):
     """The `attention_mask=` for `model`'s forward on a packed batch with these document ids."""
     attn = model.config._attn_implementation
@@ -55,6 +65,7 @@ def build_attention_mask(model, doc_ids: torch.Tensor, causal: bool):
         raise DetourError(
             f"attention implementation {attn!r} cannot take detour's packed masks; "
             f"use one of {', '.join(SUPPORTED_ATTN)}"
+            + (" (varlen takes document boundaries: masks.attention_inputs)" if attn == varlen.NAME else "")
         )
     if doc_ids.dim() != 2:
         raise ValueError(f"doc_ids must be [batch, length], got shape {tuple(doc_ids.shape)}")

@@ -53,12 +53,12 @@ def model_position_ids(model, batch: dict) -> torch.Tensor:
 
 
 def encode(model, batch: dict, causal: bool, input_ids: torch.Tensor | None = None, **kwargs):
-    """Run the encoder body with packed-document masks; returns the body's output object."""
-    attention_mask = masks.build_attention_mask(model, batch["doc_ids"], causal)
+    """Run the encoder body with packed-document masks (or varlen boundaries); returns the body's output object."""
+    attention = masks.attention_inputs(model, batch["doc_ids"], causal)
     return encoder_body(model)(
         input_ids=batch["input_ids"] if input_ids is None else input_ids,
-        attention_mask=attention_mask,
         position_ids=model_position_ids(model, batch),
+        **attention,
         **kwargs,
     )
 
@@ -167,6 +167,16 @@ def mlm_loss(model, batch: dict, mask_rate: float, generator: torch.Generator | 
     With `mask_key` (training: "seed/phase") each sequence's masks depend only on the key and its
     index in the stream (`batch["seq_index"]`); otherwise they are drawn from `generator`.
     """
+    inputs, labels = mlm_inputs(model, batch, mask_rate, generator, mask_key)
+    hidden = encode(model, batch, causal=False, input_ids=inputs).last_hidden_state
+    keep = labels != IGNORE
+    loss_sum = head_loss_sum(model, hidden[keep], labels[keep])
+    return LossOutput(loss_sum=loss_sum, n_labels=int(keep.sum()), labels=labels)
+
+
+def mlm_inputs(model, batch: dict, mask_rate: float, generator: torch.Generator | None = None,
+               mask_key: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels) of an MLM step: special tokens and padding never masked; see `mlm_loss`."""
     config = model.config
     if getattr(config, "mask_token_id", None) is None:
         raise DetourError("MLM needs a mask token: load the model with detour.model.load.load_mlm_model")
@@ -185,10 +195,7 @@ def mlm_loss(model, batch: dict, mask_rate: float, generator: torch.Generator | 
                                         mask_key, config.mask_token_id, random_pool)
     else:
         inputs, labels = mlm_masking(input_ids, maskable, mask_rate, generator, config.mask_token_id, random_pool)
-    hidden = encode(model, batch, causal=False, input_ids=inputs).last_hidden_state
-    keep = labels != IGNORE
-    loss_sum = head_loss_sum(model, hidden[keep], labels[keep])
-    return LossOutput(loss_sum=loss_sum, n_labels=int(keep.sum()), labels=labels)
+    return inputs, labels
 
 
 def objective_loss(model, batch: dict, objective: str, mask_rate: float | None, generator) -> LossOutput:

@@ -32,6 +32,7 @@ def build_model(recipe: Recipe, device: torch.device):
         attn_implementation=spec.attn_implementation,
         trust_remote_code=spec.trust_remote_code,
         seed=recipe.seed,
+        device=device,  # decides attn_implementation auto
     )
     return model.to(device), tokenizer
 
