@@ -2,7 +2,7 @@
 # Set up a virtual environment and run the main job: `detour demo`, a small but complete matched
 # study (pretrained MiniLM-L6, the detour, its MLM twin and a second-seed twin on the embedded
 # SYNTHETIC clinical corpus; a SYNTHETIC NER task over 3 seeds; CKA with its noise floor; the
-# report). On 2 CPU cores, offline (39.5 minutes measured on 2 shared, busy cores). Rerunning
+# report). On 2 CPU cores, offline (10 minutes measured on 2 idle cores, 39.5 on busy ones). Rerunning
 # continues where it stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
