@@ -382,9 +382,9 @@ def _minilm() -> Path:
 def machine_info(threads: int) -> dict:
     from bench_data import machine_info as common  # same machine description as the data benchmark
 
-    return {**common(), "threads": threads, "shared": True,
-            "note": "2 cores shared with other people's work while measuring: arms alternate in rounds, "
-                    "compare the per-round ratios rather than absolute rates"}
+    return {**common(), "threads": threads,
+            "note": "arms alternate in rounds, so load from other jobs falls on every arm: compare the per-round "
+                    "ratios rather than absolute rates; the load averages at start and end say how busy it was"}
 
 
 def main() -> None:
