@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from detour.cli import main as detour
 from detour.errors import DetourError
 from detour.model import varlen
-from detour.model.doctor import packed_batch
+from detour.model.doctor import attention_backend as attention, packed_batch
 from detour.model.load import load_mlm_model, resolve_attn_implementation, tiny_modernbert_config
 from detour.model.objectives import clm_loss, encode, mlm_loss
 from tests.conftest import REPO
@@ -40,16 +39,6 @@ def varlen_models(minilm):
         return cache[kind]
 
     return get
-
-
-@contextmanager
-def attention(model, name: str):
-    saved = model.config._attn_implementation
-    model.config._attn_implementation = name
-    try:
-        yield
-    finally:
-        model.config._attn_implementation = saved
 
 
 @pytest.fixture

@@ -89,7 +89,7 @@ def _hidden(model, batch, causal: bool, input_ids=None) -> torch.Tensor:
 
 
 @contextmanager
-def _attention(model, name: str):
+def attention_backend(model, name: str):
     """Run `model` with another attention implementation for a while (same weights)."""
     saved = model.config._attn_implementation
     model.config._attn_implementation = name
@@ -128,7 +128,7 @@ def check_model(model, seq_len: int = 64, seed: int = 0) -> dict:
             base = _hidden(model, batch, causal)
             current = model.config._attn_implementation
             other = "sdpa" if current == varlen.NAME else varlen.NAME
-            with _attention(model, other):
+            with attention_backend(model, other):
                 value = (_hidden(model, batch, causal) - base).abs().max().item()
             dense = other if current == varlen.NAME else current
             # fp32 rounding of sums in another order grows with the states' size (MiniLM's reach ~10)
