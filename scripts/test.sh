@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e ".[test]"
 set +e
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=10 "$@"  # the slowest tests listed: the suite keeps to about 10 minutes
 rc=$?
 set -e
 # pytest exits 5 when it collected no tests: that is a failure of the suite, not a pass.
