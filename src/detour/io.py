@@ -9,6 +9,7 @@ plain open() would give it (0666 less the umask); a replaced one keeps its permi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -58,6 +59,12 @@ def atomic_write(path: str | Path, write: Callable[[str], Any]) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 hex digest of a file's bytes, read in chunks (a corpus or a checkpoint may be large)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -16,7 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from detour.io import write_json
+from detour.io import file_sha256, write_json
 
 SCHEMA = "detour.study.hashes/1"
 
@@ -42,13 +42,10 @@ class ContentHashes:
         seen = self._known.get(name)
         if seen and seen["size"] == st.st_size and seen["mtime_ns"] == st.st_mtime_ns:
             return seen["sha256"]
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        self._known[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()}
+        digest = file_sha256(path)
+        self._known[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
         self._changed = True
-        return h.hexdigest()
+        return digest
 
     def of(self, path: Path) -> str:
         """A file's sha256, or a folder's: the names and hashes of every file under it."""

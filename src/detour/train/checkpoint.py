@@ -16,7 +16,6 @@ the earlier checkpoints intact. Nothing is unpickled: tensors are read with `wei
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from detour.errors import DetourError
+from detour.io import file_sha256
 from detour.train.distributed import World
 
 PREFIX = "step-"
@@ -68,17 +68,9 @@ class CheckpointWriteError(DetourError):
     """A checkpoint could not be written (disk full, read-only, quota); the previous one is intact."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_manifest(folder: Path) -> None:
     """Size and sha256 of every file, written last: a checkpoint without it is not complete."""
-    files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in sorted(folder.iterdir()) if f.is_file()}
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in sorted(folder.iterdir()) if f.is_file()}
     with open(folder / MANIFEST, "w", encoding="utf-8") as fh:
         json.dump({"format": "detour.checkpoint/1", "files": files}, fh, indent=2)
         fh.flush()
@@ -103,7 +95,7 @@ def verify_checkpoint(path: Path) -> str | None:
         size = f.stat().st_size
         if size != want["bytes"]:
             return f"{f} is truncated or corrupt: {size:,} bytes, the manifest says {want['bytes']:,}"
-        if _sha256(f) != want["sha256"]:
+        if file_sha256(f) != want["sha256"]:
             return f"{f} is corrupt: its sha256 checksum does not match the manifest"
     return None
 
