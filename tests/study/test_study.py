@@ -280,3 +280,31 @@ def test_content_hashes_read_a_file_again_only_when_its_size_or_time_changes(tmp
     before = cache.of(folder)
     (folder / "b.bin").write_bytes(b"2")
     assert cache.of(folder) != before
+
+
+def test_a_stop_before_the_steps_process_exists_is_recorded_on_that_step(tmp_path, monkeypatch):
+    from detour.study import run as study_run
+    from detour.study.graph import step_key
+
+    study = _study(tmp_path)
+    spec = load_study(study)
+    out = (tmp_path / "out").resolve()
+    steps = build_steps(spec, out)
+    state, hashes = study_run.State(out), {}
+    first_action = next(s for s in steps if s.argv is None and s.kind == "task")
+    for step in steps[:steps.index(first_action)]:  # as if those had finished
+        state.steps[step.name] = {"key": step_key(step, out, hashes, state.content), "output_hash": f"h-{step.name}"}
+        hashes[step.name] = f"h-{step.name}"
+        for p in step.outputs:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.touch()
+    state.save()
+
+    def interrupted(*_args):  # SIGTERM's handler raises this when no step process is running
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study_run, "_act", interrupted)
+    monkeypatch.setattr(study_run, "write_design", lambda *_args: None)
+    assert study_run.execute(spec, out, steps) == study_run.RESUMABLE_EXIT
+    assert [(e["step"], e["event"]) for e in _events(out)][-2:] == [(first_action.name, "start"),
+                                                                    (first_action.name, "stopped")]

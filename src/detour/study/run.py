@@ -239,6 +239,7 @@ def execute(spec: StudySpec, out: Path, steps: list[Step]) -> int:
     previous = {sig: signal.signal(sig, child.handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     hashes: dict[str, str] = {}
     ran, cached, started_at = [], [], time.time()
+    running = None  # the step started and not finished: a stop is recorded on it
     try:
         for i, step in enumerate(steps, 1):
             key = step_key(step, out, hashes, state.content)
@@ -255,6 +256,7 @@ def execute(spec: StudySpec, out: Path, steps: list[Step]) -> int:
             state.started[step.name] = key
             state.save()
             state.event(step.name, "start", key=key)
+            running = step.name
             t0 = time.time()
             if step.argv is not None:
                 rc = run_command(step.argv, state.dir / "logs" / f"{step.name.replace(':', '-')}.log", child)
@@ -277,8 +279,11 @@ def execute(spec: StudySpec, out: Path, steps: list[Step]) -> int:
             state.started.pop(step.name, None)
             state.save()
             state.event(step.name, "done", seconds=round(time.time() - t0, 1))
+            running = None
             ran.append(step.name)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # also a signal that came before the step's process existed
+        if running is not None:
+            state.event(running, "stopped", rc=RESUMABLE_EXIT)
         print("detour study: stopped; run the same command again to continue", file=sys.stderr)
         return RESUMABLE_EXIT
     finally:
