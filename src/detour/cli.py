@@ -27,7 +27,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "doctor": ("detour.model.doctor", "check causal and document masking on a model's architecture"),
     "eval": ("detour.eval.run", "fine-tune and score encoders on downstream tasks over seeds"),
     "compare": ("detour.eval.significance", "paired bootstrap significance between two models' results"),
-    "needle": ("detour.eval.needle", "long-context needle-in-a-haystack probe on a frozen encoder"),
+    "needle": ("detour.analysis.needle", "long-context needle-in-a-haystack probe on a frozen encoder"),
     "analyze": ("detour.analysis.run", "per-layer CKA, trajectory through a phase, transplants, weight drift"),
     "report": ("detour.report.run", "tables, figures and an HTML report from results"),
     "study": ("detour.study.run", "one-command cached study: twins, eval, analyses, report"),

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, BertConfig
 
 from detour.analysis import transplant as tp
-from detour.analysis.models import weights_hash
+from detour.model.load import weights_hash
 from detour.cli import main
 from detour.errors import DetourError
 from tests.conftest import tiny_modernbert_config

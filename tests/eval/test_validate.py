@@ -13,7 +13,7 @@ import yaml
 
 from detour.cli import main
 from detour.errors import DetourError
-from detour.eval import validate
+from detour import notices
 from detour.eval.tasks import TaskSpec, get_task_type, load_spec
 from detour.eval.validate import check_spec, validate_tasks
 
@@ -22,7 +22,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "eval.md"
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
-    monkeypatch.setattr(validate, "_warned", set())  # each test sees its own warnings
+    monkeypatch.setattr(notices, "_warned", set())  # each test sees its own warnings
 
 
 def write_spec(folder: Path, name: str = "t", **fields) -> Path:

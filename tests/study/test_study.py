@@ -82,7 +82,7 @@ def _no_step_left(out: Path, timeout: float = 60) -> None:
 
 @pytest.mark.slow
 def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm):
-    from detour.data.synthetic_ner import write_task
+    from detour.eval.synthetic_ner import write_task
 
     other = write_task(tmp_path / "other-task", (24, 12, 12), seed=5)
     study = _study(tmp_path)

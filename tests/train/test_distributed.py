@@ -201,7 +201,7 @@ def test_an_unknown_strategy_is_refused_by_the_cli(synthetic_data, tmp_path, cap
 def test_fsdp_on_a_torch_without_fully_shard_is_refused_before_anything_is_built(tiny_recipe, monkeypatch):
     import torch.distributed.fsdp
 
-    from detour.train.distributed import World, check_strategy
+    from detour.train.world import World, check_strategy
 
     recipe = tiny_recipe("distributed.strategy=fsdp")
     check_strategy(recipe, World(rank=0, size=2))
@@ -219,7 +219,8 @@ def _checks(results: Path, data: str) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     from detour.data.packing import PackedStream
-    from detour.train.distributed import DataParallelism, World, init_world, micro_batches, rank_sequences
+    from detour.train.distributed import DataParallelism, micro_batches, rank_sequences
+    from detour.train.world import World, init_world
     from detour.train.loop import train_step
     from detour.train.setup import build_model, build_optimizer
 

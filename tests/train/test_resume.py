@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from detour.train.loop import RESUMABLE_EXIT
+from detour.stop import RESUMABLE_EXIT
 from tests.train.conftest import RECIPES, TINY
 
 

@@ -22,9 +22,9 @@ import math
 import time
 from pathlib import Path
 
-from detour.analysis.models import check_same_depth, load_config, weights_hash
+from detour.analysis.models import check_same_depth
+from detour.model.load import load_config, load_encoder, weights_hash
 from detour.errors import DetourError
-from detour.quiet import quiet_transformers
 from detour.analysis.outputs import save_figure, write_result
 from detour.model.freeze import _LAYER_PARTS, _is_norm, describe_groups, layer_group_ranges
 from detour.model.load import SUPPORTED_MODEL_TYPES
@@ -83,14 +83,7 @@ def load_weights(path: str, ref: str):
     A parameter the checkpoint lacks is freshly initialised by transformers (BertModel's pooler,
     loaded from a BertForMaskedLM checkpoint): comparing it would measure random noise.
     """
-    import torch
-    from transformers import AutoModel
-
-    try:
-        with quiet_transformers():
-            model, info = AutoModel.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    except (OSError, ValueError) as exc:
-        raise DetourError(f"model {ref}: cannot load an encoder from {path} ({exc})") from exc
+    model, info = load_encoder(path, name=ref)
     missing = set(info.get("missing_keys", ()))
     return model.eval().requires_grad_(False), {n for n, _ in model.named_parameters() if n not in missing}
 

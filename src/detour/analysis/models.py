@@ -1,47 +1,24 @@
 """Loading the encoders an analysis compares, checking they are comparable, and naming their weights.
 
-    python -c "from detour.analysis.models import *; print(weights_hash('minilm-l6'))"
+    python -c "from detour.analysis.models import load_encoder; print(load_encoder('minilm-l6', 'minilm-l6')[0].config.model_type)"
 
-Every analysis loads Hugging Face encoder folders (or hub names, or the alias `minilm-l6`) with
-`AutoModel` (an MLM checkpoint loses its head; no remote code), refuses models of different depth
+Every analysis loads Hugging Face encoder folders (or hub names, or the alias `minilm-l6`) through
+`detour.model.load` as bare fp32 encoders (an MLM checkpoint loses its head; no remote code), refuses models of different depth
 or tokenizer with an error that names them, and records each model's weight hash in its JSON so a
 result says exactly which weights it measured.
 """
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
+from detour.data.tokenize import load_tokenizer
 from detour.errors import DetourError
-from detour.quiet import quiet_transformers
-from detour.paths import resolve_model_ref
-
-def load_config(ref: str):
-    from transformers import AutoConfig
-
-    path = resolve_model_ref(ref)
-    if not Path(path).exists() and (Path(path).is_absolute() or path.startswith((".", "~"))):
-        raise DetourError(f"model {ref}: no such folder")
-    try:
-        return path, AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        where = "a folder without a usable config.json" if Path(path).is_dir() else "not a folder here, nor a hub model"
-        raise DetourError(f"model {ref}: {where} ({exc})") from exc
+from detour.model.load import load_encoder as load_encoder_weights
 
 
 def load_encoder(path: str, ref: str):
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    # An MLM checkpoint loaded as its bare encoder makes transformers list the unused head weights;
-    # dropping the head is what we want here.
-    try:
-        with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModel.from_pretrained(path, dtype=torch.float32)
-    except (OSError, ValueError) as exc:
-        raise DetourError(f"model {ref}: cannot load a tokenizer and encoder from {path} ({exc})") from exc
+    """(frozen fp32 encoder in eval mode, tokenizer); an MLM checkpoint loses its head, as wanted here."""
+    tokenizer = load_tokenizer(path)
+    model, _ = load_encoder_weights(path, name=ref)
     return model.eval().requires_grad_(False), tokenizer
 
 
@@ -79,22 +56,3 @@ def check_same_tokenizer(refs: dict[str, str], tokenizers: dict, probe: list[str
             raise DetourError(f"tokenizers of {ref_role} {refs[ref_role]} and {role} {refs[role]} share a vocabulary "
                               "but split the texts differently (normalisation, lowercasing?); both models must "
                               "share one tokenizer")
-
-
-def weights_hash(ref: str) -> str:
-    """sha256 over a model folder's weight files (safetensors, else bin), in name order.
-
-    Two exports of the same weights hash equal whatever their path; a hub name not on disk gets
-    the name itself, marked, since there are no local bytes to hash.
-    """
-    path = Path(resolve_model_ref(ref))
-    files = (sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))) if path.is_dir() else []
-    if not files:
-        return f"unhashed:{ref}"
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return "sha256:" + h.hexdigest()

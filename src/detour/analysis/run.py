@@ -21,7 +21,8 @@ from pathlib import Path
 
 
 from detour.analysis.cka import layer_features, linear_cka
-from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, load_encoder, weights_hash
+from detour.analysis.models import check_same_depth, check_same_tokenizer, load_encoder
+from detour.model.load import load_config, weights_hash
 from detour.analysis.texts import is_synthetic, sample_texts
 from detour.errors import DetourError
 from detour.analysis.outputs import (add_text_arguments, check_text_options, save_figure, select_device,

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from detour.analysis.cka import layer_features, linear_cka
-from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, load_encoder, weights_hash
+from detour.analysis.models import check_same_depth, check_same_tokenizer, load_encoder
+from detour.data.tokenize import load_tokenizer
+from detour.model.load import load_config, weights_hash
 from detour.analysis.texts import is_synthetic, sample_texts
 from detour.errors import DetourError
 from detour.analysis.outputs import (add_text_arguments, check_text_options, save_figure, select_device,
@@ -227,15 +229,6 @@ def _group_rows(ab: list[list[float]], cb: list[list[float]] | None, groups: dic
     return out
 
 
-def _load_tokenizer(path: str, ref: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise DetourError(f"model {ref}: cannot load a tokenizer from {path} ({exc})") from exc
-
-
 def trajectory_analysis(run_a: str, run_b: str, noise_floor: str | None = None, phase: str | None = None,
                         points: list[int] | None = None, texts: str = "synthetic", n: int = 500, seeds: int = 3,
                         max_length: int = 256, batch_size: int = 16, lang: str = "en", text_field: str = "text",
@@ -280,7 +273,7 @@ def trajectory_analysis(run_a: str, run_b: str, noise_floor: str | None = None, 
         if path not in tokenizer_paths.values():
             tokenizer_paths[key] = path
     probe = [text for sample in samples for text in sample]
-    check_same_tokenizer(refs, {key: _load_tokenizer(path, key) for key, path in tokenizer_paths.items()},
+    check_same_tokenizer(refs, {key: load_tokenizer(path) for key, path in tokenizer_paths.items()},
                          probe, max_length)
 
     hashes: dict[str, str] = {}

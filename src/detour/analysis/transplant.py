@@ -144,7 +144,7 @@ def _probe_arms(models: dict, tokenizers: dict, names: dict[str, set[str]], prep
     A and B are written and read back exactly as the transplants are, so the arms differ in weights
     only (not, say, in a BERT pooler that one checkpoint has and a masked-LM export lacks).
     """
-    from detour.analysis.models import weights_hash
+    from detour.model.load import weights_hash
     from detour.eval import finetune as ft
     from detour.model.freeze import parameter_table
 
@@ -219,9 +219,10 @@ def transplant_analysis(src: str, dst: str, tasks: list[str], out: Path, blocks:
                         seeds: int = 3, budget=None, data_root: str | None = None, device: str | None = None,
                         min_gap: float = DEFAULT_MIN_GAP, keep_models: bool = False, log=print) -> dict:
     """Score A, B and each transplant by linear probing on every task and seed; returns the JSON result."""
-    from transformers import AutoTokenizer
+    from detour.data.tokenize import load_tokenizer
 
-    from detour.analysis.models import check_same_depth, check_same_tokenizer, load_config, weights_hash
+    from detour.analysis.models import check_same_depth, check_same_tokenizer
+    from detour.model.load import load_config, weights_hash
     from detour.analysis.texts import sample_texts
     from detour.eval import finetune as ft
     from detour.model.freeze import describe_groups
@@ -246,10 +247,7 @@ def transplant_analysis(src: str, dst: str, tasks: list[str], out: Path, blocks:
     configs = {role: cfg for role, (_, cfg) in loaded.items()}
     depth = check_same_depth(refs, configs)
     _check_architecture(refs, configs)
-    try:
-        tokenizers = {role: AutoTokenizer.from_pretrained(path) for role, path in paths.items()}
-    except (OSError, ValueError) as exc:
-        raise DetourError(f"cannot load the tokenizers of src {src} and dst {dst}: {exc}") from exc
+    tokenizers = {role: load_tokenizer(path) for role, path in paths.items()}
     check_same_tokenizer(refs, tokenizers, sample_texts("synthetic", _TOKENIZER_PROBE, 0), 128)
     _compare_configs(refs, configs)
     blocks = _check_blocks(list(blocks), depth)

@@ -1,4 +1,4 @@
-"""Tokenizer loading, its fingerprint, and the separator policy of prepared corpora.
+"""The one tokenizer loader, the tokenizer's fingerprint, and the separator policy of prepared corpora.
 
     python -m detour.data.tokenize <model name or folder>    # prints the fingerprint and policy
 
@@ -17,14 +17,21 @@ import sys
 from detour.errors import DetourError
 
 
-def load_tokenizer(name_or_path: str):
-    """A Hugging Face tokenizer from a hub name or a local folder (no remote code)."""
+def load_tokenizer(name_or_path, *, trust_remote_code: bool = False):
+    """A Hugging Face tokenizer from a hub name, a local folder or an alias (`minilm-l6`).
+
+    Every tokenizer detour reads comes from here (prepare, train, eval, needle, the analyses):
+    it sits below the model loader because `prepare` needs a tokenizer and no model.
+    """
     from transformers import AutoTokenizer
 
     from detour.paths import resolve_model_ref
+    from detour.quiet import quiet_transformers
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_ref(str(name_or_path)), trust_remote_code=False)
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model_ref(str(name_or_path)),
+                                                      trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, EnvironmentError... for a bad name
         raise DetourError(f"cannot load tokenizer {name_or_path!r}: {type(exc).__name__}: {exc}") from None
     if isinstance(tokenizer, bool) or not callable(tokenizer):

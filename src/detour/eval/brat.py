@@ -28,7 +28,7 @@ from pathlib import Path
 
 from detour.errors import DetourError
 from detour.eval.tasks import TaskSpec, register_format
-from detour.eval.validate import warn
+from detour.notices import warn
 
 WORD = re.compile(r"\w+|[^\w\s]")
 SKIPPED_KINDS = {"E": "event", "A": "attribute", "R": "relation", "N": "normalization", "M": "attribute", "*": "equivalence"}

@@ -29,7 +29,7 @@ import torch
 
 from detour.errors import DetourError
 from detour.io import atomic_write
-from detour.quiet import quiet_transformers
+from detour.data.tokenize import load_tokenizer
 from detour.eval.heads import EncoderWithHead
 from detour.eval.splits import load_splits, subsample
 from detour.eval.tasks import TaskSpec, get_task_type
@@ -71,23 +71,14 @@ def seed_everything(seed: int) -> None:
 
 
 def model_max_length(model: str, tokenizer) -> int:
-    from transformers import AutoConfig
+    from detour.model.load import load_config
 
-    cfg = AutoConfig.from_pretrained(model)
+    _, cfg = load_config(model)
     limit = getattr(cfg, "max_position_embeddings", None) or 10**9
     if cfg.model_type in ("roberta", "camembert", "xlm-roberta"):
         limit -= 2  # positions start after the padding index
     tok_limit = tokenizer.model_max_length if tokenizer.model_max_length < 10**6 else 10**9
     return min(limit, tok_limit)
-
-
-def load_tokenizer(model: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model)
-    except OSError as exc:
-        raise DetourError(f"cannot load a tokenizer from {model!r}: {exc}") from None
 
 
 def prepare_task(spec: TaskSpec, model: str, budget: Budget, splits: dict | None = None) -> PreparedTask:
@@ -182,13 +173,9 @@ def evaluate(model, prep: PreparedTask, split: str, device) -> dict[str, float]:
 
 
 def build_model(model_name: str, prep: PreparedTask, linear_probe: bool) -> EncoderWithHead:
-    from transformers import AutoModel
+    from detour.model.load import load_encoder
 
-    try:
-        with quiet_transformers():  # a load turns transformers' bars back on: its "Loading weights" bar per run
-            encoder = AutoModel.from_pretrained(model_name, trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        raise DetourError(f"cannot load an encoder from {model_name!r}: {exc}") from None
+    encoder, _ = load_encoder(model_name)
     hidden = encoder.config.hidden_size
     head = get_task_type(prep.spec.type).build_head(hidden, prep.spec, prep.labels, prep.features["train"])
     return EncoderWithHead(encoder, head, linear_probe=linear_probe)

@@ -23,7 +23,7 @@ from detour.errors import DetourError
 from detour.eval.brat import read_folder
 from detour.eval.metrics import spans_from_tags
 from detour.eval.tasks import TaskSpec, register_format
-from detour.eval.validate import warn
+from detour.notices import warn
 
 HEADER_NAMES = {"label", "labels", "sentence", "text", "index", "id", "sentence1", "tag", "tags"}
 

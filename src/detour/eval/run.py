@@ -47,6 +47,7 @@ from pathlib import Path
 
 from detour.errors import DetourError
 from detour.io import ensure_output_dir, write_text
+from detour.stop import stop_signals_to
 from detour.eval.finetune import Budget, finetune, prepare_task, read_checkpoint
 from detour.eval.results import Results, display_name, run_key, seed_list, setting_of
 from detour.eval.splits import subsample
@@ -106,20 +107,9 @@ class _Stop:
         if not self.writing:
             raise EvalStopped(signum)
 
-    @contextmanager
     def installed(self):
         """Handle SIGTERM and SIGINT inside the block; the previous handlers come back after it."""
-        previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                previous[sig] = signal.signal(sig, self.handler)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        try:
-            yield self
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
+        return stop_signals_to(self.handler)
 
     @contextmanager
     def writes(self):
@@ -245,7 +235,7 @@ def run(args) -> int:
     if not args.models:
         raise DetourError("give at least one MODEL (an encoder folder or hub name)")
     from detour.paths import resolve_model_ref
-    from detour.train.loop import RESUMABLE_EXIT
+    from detour.stop import RESUMABLE_EXIT
 
     args.models = [resolve_model_ref(m) for m in args.models]  # aliases such as minilm-l6
     if args.seeds < 1:
@@ -298,7 +288,7 @@ def _groups(rows: list[tuple[str, str, int, str]]) -> list[str]:
 
 def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheckpoints, state: dict):
     """Which runs are reused, which run, and which are refused, from the per-run keys; before any training."""
-    from detour.analysis.models import weights_hash
+    from detour.model.load import weights_hash
 
     state["doing"] = "reading and checking the tasks"
     every_split = validate_tasks(specs, budget)  # a bad spec or data file fails here, before any model loads

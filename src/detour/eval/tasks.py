@@ -184,10 +184,52 @@ def load_spec(name_or_path: str | Path, data_root: str | Path | None = None) -> 
     except ValidationError as exc:
         lines = [_field_error(e) for e in exc.errors()]
         raise DetourError(f"{path}: invalid task spec:\n  " + "\n  ".join(lines)) from None
-    from detour.eval.validate import check_spec  # validate imports this module: imported here, not at the top
-
     check_spec(spec)  # type, format, option keys, headline: before any data is read
     return spec
+
+
+# ---- checks of a spec without its data (the registries above are all they need) ----
+
+def _where(spec: TaskSpec) -> str:
+    return spec.source or f"task {spec.name}"
+
+
+def check_spec(spec: TaskSpec) -> None:
+    """What can be checked without data: type, format, option keys, headline (per-type names aside)."""
+    task_type = get_task_type(spec.type)
+    get_format(spec.format)
+    problems = []
+    format_options = FORMAT_OPTIONS.get(spec.format)
+    type_options = getattr(task_type, "spec_options", None)
+    if format_options is not None and type_options is not None:  # both declared: every key is accounted for
+        known = set(format_options) | set(type_options)
+        unknown = sorted(set(spec.options) - known)
+        if unknown:
+            problems.append(
+                f"{_where(spec)}: options: unknown key(s) {', '.join(unknown)} for format {spec.format!r} and "
+                f"type {spec.type!r}; known: {', '.join(sorted(known)) or 'none'}"
+            )
+    names = _metric_names(task_type, None)
+    if names is not None:
+        per_type = getattr(task_type, "per_type_f1", False)
+        if spec.headline not in names and not (per_type and spec.headline.startswith("f1/") and len(spec.headline) > 3):
+            problems.append(_headline_error(spec, names + (["f1/<type>"] if per_type else [])))
+    if spec.labels is not None and len(set(spec.labels)) != len(spec.labels):
+        dupes = sorted({x for x in spec.labels if spec.labels.count(x) > 1})
+        problems.append(f"{_where(spec)}: labels: {dupes} listed more than once")
+    if problems:
+        raise DetourError("\n".join(problems))
+
+
+def _metric_names(task_type, labels) -> list[str] | None:
+    fn = getattr(task_type, "metric_names", None)
+    return fn(labels) if fn is not None else None
+
+
+def _headline_error(spec: TaskSpec, valid: list[str]) -> str:
+    return (f"{_where(spec)}: headline: {spec.headline!r} is not a metric of task type {spec.type!r}; "
+            f"valid: {', '.join(valid)}")
+
 
 
 # The models whose fields a spec key can belong to, by where the key sits.

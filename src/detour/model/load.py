@@ -1,12 +1,20 @@
-"""Load a supported Hugging Face encoder as a masked-LM model, and find its parts.
+"""The one loader of encoders and their configs: alias -> path -> config -> weights, with one dtype policy.
 
     python -c "from detour.model.load import load_mlm_model; from detour.paths import minilm_path; \
 print(load_mlm_model(minilm_path())[0].config.model_type)"
 
-One model class (`AutoModelForMaskedLM`) serves both phases: the body is run with the masks from
-`detour.model.masks`, and the MLM head (transform + decoder tied to the input embeddings) is the
-next-token head in CLM. An encoder saved without an MLM head (the MiniLM package, any `BertModel`)
-gets a fresh head, tied, and we say so once in plain words.
+Every verb loads through here: train, twins and doctor a masked LM (`load_mlm_model`), eval, needle
+and the analyses a bare encoder (`load_encoder`), everyone a config (`load_config`); tokenizers
+come from `detour.data.tokenize.load_tokenizer`. A reference is a hub name, a folder, or an alias
+(`minilm-l6`). Weights load in fp32 unless the caller asks otherwise: detour trains and measures
+in fp32 and autocasts to bf16 on CUDA, so a bf16 checkpoint is widened, never trained in bf16.
+Errors are `DetourError`s that name the reference (`model REF: ...`); transformers' own bars and
+load reports are silenced here, and what a load did is said once in detour's words.
+
+One model class (`AutoModelForMaskedLM`) serves both training phases: the body is run with the
+masks from `detour.model.masks`, and the MLM head (transform + decoder tied to the input
+embeddings) is the next-token head in CLM. An encoder saved without an MLM head (the MiniLM
+package, any `BertModel`) gets a fresh head, tied, and we say so once in plain words.
 
 Attention (`model.attn_implementation`): sdpa and eager take dense packed-document masks; varlen
 takes document boundaries only (`detour.model.varlen`, flash varlen on CUDA); auto is varlen for a
@@ -16,6 +24,7 @@ model that will run on CUDA, sdpa otherwise.
 from __future__ import annotations
 
 
+import hashlib
 import logging
 import re
 from pathlib import Path
@@ -25,15 +34,17 @@ import torch
 from torch import nn
 from transformers import (
     AutoConfig,
+    AutoModel,
     AutoModelForMaskedLM,
-    AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 from transformers.activations import gelu
 
+from detour.data.tokenize import load_tokenizer
 from detour.errors import DetourError
 from detour.model import varlen
+from detour.paths import resolve_model_ref
 from detour.quiet import quiet_transformers
 
 log = logging.getLogger(__name__)
@@ -109,11 +120,62 @@ def _check_type(model_type: str | None, where: str) -> str:
     return model_type
 
 
-def _load_tokenizer(source, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+# ---- the loaders: every config and every encoder detour reads comes through these two ----
+
+def load_config(ref, *, what: str = "model", trust_remote_code: bool = False):
+    """(local path or hub name, config) of a model reference; `what` names it in errors (`model.source`)."""
+    path = resolve_model_ref(str(ref))
+    if not Path(path).exists() and (Path(path).is_absolute() or path.startswith((".", "~"))):
+        raise DetourError(f"{what} {ref}: no such folder")
     try:
-        return AutoTokenizer.from_pretrained(str(source), trust_remote_code=trust_remote_code)
+        with quiet_transformers():
+            return path, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise DetourError(f"cannot load a tokenizer from {source}: {exc}") from exc
+        where = "a folder without a usable config.json" if Path(path).is_dir() else "not a folder here, nor a hub model"
+        raise DetourError(f"{what} {ref}: {where} ({exc})") from exc
+
+
+def load_encoder(ref, *, mlm_head: bool = False, config=None, dtype: torch.dtype = torch.float32,
+                 attn_implementation: str | None = None, trust_remote_code: bool = False, name: str | None = None):
+    """(model, loading info) from a model reference: the bare encoder (`AutoModel`), or with `mlm_head`
+    the masked LM (`AutoModelForMaskedLM`), in `dtype`, on the CPU.
+
+    `name` is how errors call the model (default: the reference). The loading info lists missing and unexpected keys: a head the checkpoint lacks is fresh, an
+    MLM checkpoint read as a bare encoder drops its head (both expected; the callers say so).
+    """
+    path = resolve_model_ref(str(ref))
+    options = {"dtype": dtype, "trust_remote_code": trust_remote_code, "output_loading_info": True}
+    if config is not None:
+        options["config"] = config
+    if attn_implementation is not None:
+        options["attn_implementation"] = attn_implementation
+    cls = AutoModelForMaskedLM if mlm_head else AutoModel
+    try:
+        with quiet_transformers():  # a load turns transformers' bars back on: its "Loading weights" bar per run
+            model, info = cls.from_pretrained(path, **options)
+    except (OSError, ValueError) as exc:
+        kind = "a masked LM" if mlm_head else "an encoder"
+        raise DetourError(f"model {name or ref}: cannot load {kind} from {path} ({exc})") from exc
+    return model, info
+
+
+def weights_hash(ref: str) -> str:
+    """sha256 over a model folder's weight files (safetensors, else bin), in name order.
+
+    Two exports of the same weights hash equal whatever their path; a hub name not on disk gets
+    the name itself, marked, since there are no local bytes to hash.
+    """
+    path = Path(resolve_model_ref(ref))
+    files = (sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))) if path.is_dir() else []
+    if not files:
+        return f"unhashed:{ref}"
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return "sha256:" + h.hexdigest()
 
 
 def _special_ids_into_config(config, tokenizer) -> None:
@@ -189,7 +251,7 @@ def load_mlm_model(
     if config is not None:
         if tokenizer is None:
             raise DetourError("model.tokenizer: required when the model is built from a config")
-        tok = _load_tokenizer(tokenizer, trust_remote_code)
+        tok = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code)
         fields = dict(config)
         model_type = _check_type(fields.pop("model_type", None), "model.config.model_type")
         check_config_keys(model_type, fields)
@@ -213,7 +275,7 @@ def load_mlm_model(
                 hf_config, attn_implementation=attn_implementation, dtype=torch.float32
             )
     else:
-        tok = _load_tokenizer(tokenizer if tokenizer is not None else source, trust_remote_code)
+        tok = load_tokenizer(tokenizer if tokenizer is not None else source, trust_remote_code=trust_remote_code)
         model = _load_pretrained(source, attn_implementation, trust_remote_code, seed, device)
     _special_ids_into_config(model.config, tok)
     model.never_mask_ids = special_token_ids(tok)  # added special tokens too; MLM never masks them
@@ -222,28 +284,16 @@ def load_mlm_model(
 
 
 def _load_pretrained(source, attn_implementation, trust_remote_code, seed, device=None) -> PreTrainedModel:
-    try:
-        hf_config = AutoConfig.from_pretrained(str(source), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise DetourError(f"model: cannot read a Hugging Face config from {source}: {exc}") from exc
+    _, hf_config = load_config(source, trust_remote_code=trust_remote_code)
     _check_type(hf_config.model_type, f"model {source}")
     attn_implementation = resolve_attn_implementation(attn_implementation, hf_config, device)
     # transformers warns "newly initialized" about the head of a head-less checkpoint; we say it
     # once ourselves below, in words that match what happens (a fresh head, decoder tied).
-    try:
-        with quiet_transformers(), torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed)
-            model, info = AutoModelForMaskedLM.from_pretrained(
-                str(source),
-                config=hf_config,
-                attn_implementation=attn_implementation,
-                dtype=torch.float32,
-                trust_remote_code=trust_remote_code,
-                output_loading_info=True,
-            )
-    except (OSError, ValueError) as exc:
-        raise DetourError(f"model: cannot load {source} as a masked LM: {exc}") from exc
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        model, info = load_encoder(source, mlm_head=True, config=hf_config, attn_implementation=attn_implementation,
+                                   trust_remote_code=trust_remote_code)
     model.extra_export_weights = _unused_pretrained_weights(source, model, info.get("unexpected_keys", ()))
     missing = set(info.get("missing_keys", ()))
     head_names = {n for n, _ in model.named_parameters() if _is_head_param(model, n)}

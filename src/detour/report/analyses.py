@@ -3,7 +3,7 @@
     python -c "from detour.report.collect import collect; from detour.report.page import Page; \
 from detour.report.analyses import cka; p = Page(); cka(p, collect('runs/study'), ''); print(p.markdown())"
 
-Each reads one analysis's JSON (schemas in docs/analysis.md and detour.eval.needle) and prints
+Each reads one analysis's JSON (schemas in docs/analysis.md and detour.analysis.needle) and prints
 its numbers as they are, with the measurement's size (texts, seeds, examples) in the caption.
 """
 

@@ -285,7 +285,7 @@ def synthetic_reasons(s: Study) -> list[str]:
 
 
 def _synthetic_task(run: dict) -> bool:
-    """A task flagged synthetic, or whose spec says so (detour.data.synthetic_ner writes 'SYNTHETIC ...')."""
+    """A task flagged synthetic, or whose spec says so (detour.eval.synthetic_ner writes 'SYNTHETIC ...')."""
     spec = run.get("spec") if isinstance(run.get("spec"), dict) else {}
     return bool(run.get("synthetic") or spec.get("synthetic") or "SYNTHETIC" in str(spec.get("description", ""))
                 or "synthetic" in str(run.get("task", "")).lower())

@@ -37,16 +37,16 @@ def matmul_rate(device: str = "cpu", seconds: float = 0.5) -> float:
 def parameter_count(model_json: str) -> tuple[int, int]:
     """(all parameters, token embeddings) of the recipe's model, built on the meta device (no weights read)."""
     import torch
-    from transformers import AutoConfig, AutoModelForMaskedLM, CONFIG_MAPPING
+    from transformers import AutoModelForMaskedLM, CONFIG_MAPPING
 
-    from detour.paths import resolve_model_ref
+    from detour.model.load import load_config
 
     spec = json.loads(model_json)
     if spec.get("config"):
         raw = dict(spec["config"])
         config = CONFIG_MAPPING[raw.pop("model_type")](**raw)
     else:
-        config = AutoConfig.from_pretrained(resolve_model_ref(spec["source"]))
+        _, config = load_config(spec["source"])
     with torch.device("meta"):
         model = AutoModelForMaskedLM.from_config(config)
     return sum(p.numel() for p in model.parameters()), config.vocab_size * config.hidden_size

@@ -276,7 +276,7 @@ def _relative(value, out: str):
 
 def output_hash(path: Path, content: ContentHashes) -> str:
     """What downstream keys see of an output: weights for a model folder, content for a file or folder."""
-    from detour.analysis.models import weights_hash
+    from detour.model.load import weights_hash
 
     if path.is_dir() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin"))):
         return weights_hash(str(path))

@@ -33,11 +33,11 @@ from pathlib import Path
 
 from detour.errors import DetourError
 from detour.io import write_json, write_text
+from detour.stop import RESUMABLE_EXIT, stop_signals_to
 from detour.study.graph import SYNTHETIC_TASK, Step, build_steps, output_hash, step_key
 from detour.study.hashes import ContentHashes
 from detour.study.spec import StudySpec, load_study
 
-RESUMABLE_EXIT = 75
 STATE_SCHEMA = "detour.study-state/1"
 DESIGN_SCHEMA = "detour.study/1"
 
@@ -221,7 +221,7 @@ def _act(step: Step, spec: StudySpec, out: Path) -> None:
             raise DetourError(f"the arms did not see the same token stream: {describe_checks(report['checks'])} "
                               f"({out / 'twins.json'})")
     elif step.kind == "task":
-        from detour.data.synthetic_ner import write_task
+        from detour.eval.synthetic_ner import write_task
 
         t = spec.eval.synthetic_ner
         write_task(out / "data" / "tasks" / SYNTHETIC_TASK, (t.train, t.validation, t.test), seed=t.seed, lang=t.lang)
@@ -236,59 +236,56 @@ def execute(spec: StudySpec, out: Path, steps: list[Step]) -> int:
     state = State(out)
     write_design(spec, out, steps)
     child = _Child()
-    previous = {sig: signal.signal(sig, child.handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     hashes: dict[str, str] = {}
     ran, cached, started_at = [], [], time.time()
     running = None  # the step started and not finished: a stop is recorded on it
-    try:
-        for i, step in enumerate(steps, 1):
-            key = step_key(step, out, hashes, state.content)
-            record = state.steps.get(step.name)
-            if record and record["key"] == key and all(p.exists() for p in step.outputs):
-                hashes[step.name] = record["output_hash"]
-                cached.append(step.name)
-                print(f"[{i}/{len(steps)}] {step.name}: done earlier, kept", flush=True)
-                continue
-            print(f"[{i}/{len(steps)}] {step.name}: {'rerun, its inputs changed' if record else 'run'}", flush=True)
-            if record or state.started.get(step.name, key) != key:
-                clear_stale(step, out)
-                state.steps.pop(step.name, None)
-            state.started[step.name] = key
-            state.save()
-            state.event(step.name, "start", key=key)
-            running = step.name
-            t0 = time.time()
-            if step.argv is not None:
-                rc = run_command(step.argv, state.dir / "logs" / f"{step.name.replace(':', '-')}.log", child)
-            else:
-                _act(step, spec, out)
-                rc = 0
-            if child.signalled or rc == RESUMABLE_EXIT:
-                state.event(step.name, "stopped", rc=rc)
-                print(f"detour study: stopped during {step.name}; run the same command again to continue "
-                      f"(finished steps are kept)", file=sys.stderr)
-                return RESUMABLE_EXIT
-            if rc != 0:
-                state.event(step.name, "failed", rc=rc)
-                raise DetourError(f"step {step.name} failed (exit {rc}); its output is in "
-                                  f"{state.dir / 'logs' / (step.name.replace(':', '-') + '.log')}")
-            hashes[step.name] = output_hash(step.hash_of, state.content)
-            state.steps[step.name] = {"key": key, "output_hash": hashes[step.name],
-                                      "seconds": round(time.time() - t0, 1),
-                                      "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-            state.started.pop(step.name, None)
-            state.save()
-            state.event(step.name, "done", seconds=round(time.time() - t0, 1))
-            running = None
-            ran.append(step.name)
-    except KeyboardInterrupt:  # also a signal that came before the step's process existed
-        if running is not None:
-            state.event(running, "stopped", rc=RESUMABLE_EXIT)
-        print("detour study: stopped; run the same command again to continue", file=sys.stderr)
-        return RESUMABLE_EXIT
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stop_signals_to(child.handler):  # a stop goes to the running step's process
+        try:
+            for i, step in enumerate(steps, 1):
+                key = step_key(step, out, hashes, state.content)
+                record = state.steps.get(step.name)
+                if record and record["key"] == key and all(p.exists() for p in step.outputs):
+                    hashes[step.name] = record["output_hash"]
+                    cached.append(step.name)
+                    print(f"[{i}/{len(steps)}] {step.name}: done earlier, kept", flush=True)
+                    continue
+                print(f"[{i}/{len(steps)}] {step.name}: {'rerun, its inputs changed' if record else 'run'}", flush=True)
+                if record or state.started.get(step.name, key) != key:
+                    clear_stale(step, out)
+                    state.steps.pop(step.name, None)
+                state.started[step.name] = key
+                state.save()
+                state.event(step.name, "start", key=key)
+                running = step.name
+                t0 = time.time()
+                if step.argv is not None:
+                    rc = run_command(step.argv, state.dir / "logs" / f"{step.name.replace(':', '-')}.log", child)
+                else:
+                    _act(step, spec, out)
+                    rc = 0
+                if child.signalled or rc == RESUMABLE_EXIT:
+                    state.event(step.name, "stopped", rc=rc)
+                    print(f"detour study: stopped during {step.name}; run the same command again to continue "
+                          f"(finished steps are kept)", file=sys.stderr)
+                    return RESUMABLE_EXIT
+                if rc != 0:
+                    state.event(step.name, "failed", rc=rc)
+                    raise DetourError(f"step {step.name} failed (exit {rc}); its output is in "
+                                      f"{state.dir / 'logs' / (step.name.replace(':', '-') + '.log')}")
+                hashes[step.name] = output_hash(step.hash_of, state.content)
+                state.steps[step.name] = {"key": key, "output_hash": hashes[step.name],
+                                          "seconds": round(time.time() - t0, 1),
+                                          "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                state.started.pop(step.name, None)
+                state.save()
+                state.event(step.name, "done", seconds=round(time.time() - t0, 1))
+                running = None
+                ran.append(step.name)
+        except KeyboardInterrupt:  # also a signal that came before the step's process existed
+            if running is not None:
+                state.event(running, "stopped", rc=RESUMABLE_EXIT)
+            print("detour study: stopped; run the same command again to continue", file=sys.stderr)
+            return RESUMABLE_EXIT
     minutes = (time.time() - started_at) / 60
     print(f"study {spec.name}: {len(ran)} steps run, {len(cached)} kept from earlier ({minutes:.1f} min)")
     if (out / "report.html").is_file():

@@ -251,7 +251,7 @@ def _check_options(where: Path, field: str, verb: list[str], options: dict[str, 
 
         analysis_run.add_arguments(parser)  # its subparsers are _Parser too: errors come back here
     else:
-        from detour.eval import needle
+        from detour.analysis import needle
 
         needle.add_arguments(parser)
     try:

@@ -29,7 +29,7 @@ from safetensors.torch import load_model, save_model
 
 from detour.errors import DetourError
 from detour.io import file_sha256
-from detour.train.distributed import World
+from detour.train.world import World
 
 PREFIX = "step-"
 

@@ -21,7 +21,7 @@ import shutil
 import signal
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,16 +34,14 @@ from detour.errors import DetourError
 from detour.io import write_json
 from detour.train.branch import branch_start, parent_metrics, stream_continuity
 from detour.train.checkpoint import checkpoint_folders, latest_checkpoint, restore_checkpoint, save_checkpoint
-from detour.train.distributed import (DataParallelism, World, check_strategy, init_world, micro_batches, rank_sequences,
-                                      shutdown_world, stand_in_batch)
+from detour.train.distributed import DataParallelism, micro_batches, rank_sequences, stand_in_batch
 from detour.quiet import quiet_transformers
 from detour.train.metrics import MetricsLog, Progress, write_curves
 from detour.train.schedule import lr_at
 from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, preflight, select_device
+from detour.train.world import World, check_strategy, init_world, shutdown_world
 from detour.train.trackers import Trackers
-
-RESUMABLE_EXIT = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; rerun with --resume
-
+from detour.stop import StopFlag, stop_signals_to
 
 class TrainingStopped(Exception):
     """A signal asked the run to stop; a checkpoint was saved first."""
@@ -116,7 +114,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     parallel = DataParallelism(model, optimizer, recipe, world, device)
     optimizer = parallel.optimizer
 
-    with _stop_on_signals() as stop, trackers, Progress(recipe, enabled=progress and world.main) as bar:
+    with stop_signals_to(StopFlag()) as stop, trackers, Progress(recipe, enabled=progress and world.main) as bar:
         for index, phase in enumerate(recipe.phases):
             if index < state["phase_index"]:
                 continue
@@ -456,28 +454,3 @@ def _start_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
     if not resume or not checkpoint_folders(out / "checkpoints"):
         (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh start: no stale records
     write_json(out / "recipe.json", recipe_to_dict(recipe))
-
-
-class _StopFlag:
-    signum: int = 0
-
-
-@contextmanager
-def _stop_on_signals():
-    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint after the current step and stops."""
-    flag = _StopFlag()
-
-    def handler(signum, _frame):
-        flag.signum = signum
-
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread: leave signals alone
-            pass
-    try:
-        yield flag
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

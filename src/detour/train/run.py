@@ -90,7 +90,8 @@ def print_plan(recipe: Recipe, title: str = "") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detour.train.loop import RESUMABLE_EXIT, TrainingStopped, train
+    from detour.stop import RESUMABLE_EXIT
+    from detour.train.loop import TrainingStopped, train
 
     recipe = load_recipe(args.recipe, args.overrides + branch_overrides(args))
     recipe.grad_accumulation()  # validates the batch arithmetic before any work

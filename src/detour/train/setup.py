@@ -70,9 +70,9 @@ def check_data_matches_tokenizer(recipe: Recipe, tokenizer) -> None:
 
 def model_depth(recipe: Recipe) -> int:
     """The encoder's number of layers, from its config alone (no weights loaded)."""
-    from transformers import AutoConfig, CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING
 
-    from detour.model.load import _check_type, check_config_keys
+    from detour.model.load import _check_type, check_config_keys, load_config
 
     spec = recipe.model
     if spec.config is not None:
@@ -80,11 +80,7 @@ def model_depth(recipe: Recipe) -> int:
         model_type = _check_type(fields.pop("model_type", None), "model.config.model_type")
         check_config_keys(model_type, fields)
         return int(fields.get("num_hidden_layers", CONFIG_MAPPING[model_type]().num_hidden_layers))
-    source = resolve_model_ref(spec.source)
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise DetourError(f"model.source: cannot read a config from {spec.source!r} ({exc})") from None
+    _, config = load_config(spec.source, what="model.source", trust_remote_code=spec.trust_remote_code)
     return int(config.num_hidden_layers)
 
 
@@ -118,15 +114,11 @@ def preflight(recipe: Recipe, out=None, data: bool = True, parent: bool = True) 
             raise DetourError(f"data.sources.{i}: {exc} (prepare it with `detour prepare ... --out {source.path}`)") from None
     if len(set(fingerprints.values())) > 1:
         raise DetourError(f"data.sources: the sources were prepared with different tokenizers: {fingerprints}")
-    from detour.data.tokenize import tokenizer_fingerprint
-    from detour.model.load import _load_tokenizer
+    from detour.data.tokenize import load_tokenizer, tokenizer_fingerprint
 
     spec = recipe.model
     tok_ref = resolve_model_ref(spec.tokenizer or spec.source)
-    try:
-        mine = tokenizer_fingerprint(_load_tokenizer(tok_ref, spec.trust_remote_code))
-    except (OSError, ValueError) as exc:
-        raise DetourError(f"model: cannot load the tokenizer {tok_ref!r} ({exc})") from None
+    mine = tokenizer_fingerprint(load_tokenizer(tok_ref, trust_remote_code=spec.trust_remote_code))
     for i, (path, theirs) in enumerate(fingerprints.items()):
         if theirs != mine:
             raise DetourError(f"data.sources.{i}: {path} was tokenized with a different tokenizer than the model's "

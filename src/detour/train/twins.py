@@ -204,7 +204,8 @@ def _groups_of(recipe: Recipe, folder: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detour.train.loop import RESUMABLE_EXIT, TrainingStopped
+    from detour.stop import RESUMABLE_EXIT
+    from detour.train.loop import TrainingStopped
 
     parent, baseline_parent = None, None
     if args.from_run is not None:

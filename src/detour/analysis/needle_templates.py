@@ -1,6 +1,6 @@
 """Fact templates and lexicons for the needle-in-a-haystack probe (`detour needle`), English and French.
 
-    python -c "from detour.eval.needle_templates import make_facts; print(make_facts(4, 'en', 0))"
+    python -c "from detour.analysis.needle_templates import make_facts; print(make_facts(4, 'en', 0))"
 
 Eight templates a language, as in the paper: drug with dose and route, vital signs, lab result,
 diagnosis, procedure, allergy, treatment duration, symptom; each has 2-4 slots filled from small

@@ -1,6 +1,6 @@
 """Accuracy cells of the needle probe: counts, 95% Wilson score intervals, and the chance check.
 
-    python -c "from detour.eval.needle_stats import accuracy_cell; print(accuracy_cell([True] * 8 + [False] * 2))"
+    python -c "from detour.analysis.needle_stats import accuracy_cell; print(accuracy_cell([True] * 8 + [False] * 2))"
 
 Every accuracy in needle.json is a cell `{"accuracy", "n", "ci": [low, high]}` (`accuracy` and
 `ci` are null when n = 0). The Wilson interval, unlike the normal approximation, stays inside

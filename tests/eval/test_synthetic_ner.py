@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from detour.data import synthetic_ner as sn
+from detour.eval import synthetic_ner as sn
 from detour.errors import DetourError
 from detour.eval.formats import read_iob
 from detour.eval.metrics import spans_from_tags

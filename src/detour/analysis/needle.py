@@ -45,10 +45,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from detour.errors import DetourError
 from detour.io import atomic_write, ensure_output_dir
-from detour.eval.needle_haystack import Haystacks, Pair, make_pairs, read_haystack
-from detour.quiet import quiet_transformers
-from detour.eval.needle_stats import accuracy_cell, beats_chance, chance_level, fmt
-from detour.eval.needle_templates import TEMPLATES
+from detour.analysis.needle_haystack import Haystacks, Pair, make_pairs, read_haystack
+from detour.analysis.needle_stats import accuracy_cell, beats_chance, chance_level, fmt
+from detour.analysis.needle_templates import TEMPLATES
 
 POSITIONS = ("start", "middle", "end")
 N_CLASSES = 2  # the query fact is in the haystack, or it is not
@@ -77,7 +76,7 @@ def load_preset(name_or_path: str) -> Preset:
             raise DetourError(f"--preset {path}: no such file")
         text = path.read_text(encoding="utf-8")
     else:
-        res = resources.files("detour.eval") / "presets" / f"needle-{name_or_path}.yaml"
+        res = resources.files("detour.analysis") / "presets" / f"needle-{name_or_path}.yaml"
         if not res.is_file():
             raise DetourError(f"--preset {name_or_path!r}: no shipped preset of that name (small, paper) and not a .yaml file")
         path, text = Path(str(res)), res.read_text(encoding="utf-8")
@@ -235,15 +234,13 @@ def needle(model_path: str, preset: Preset, lang: str, haystack: str, out: Path,
         raise DetourError(f"preset: positions must be among {POSITIONS} and pairs at least 2 per length x position cell")
     out = ensure_output_dir(out)  # a file or read-only --out fails now, not after the encoder ran
     import torch
-    from transformers import AutoModel, AutoTokenizer
+
+    from detour.data.tokenize import load_tokenizer
+    from detour.model.load import load_encoder
 
     t0 = time.time()
-    try:
-        with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(model_path)
-            model = AutoModel.from_pretrained(model_path)
-    except OSError as exc:
-        raise DetourError(f"{model_path}: cannot load a tokenizer and encoder from it ({exc})") from exc
+    tokenizer = load_tokenizer(model_path)
+    model, _ = load_encoder(model_path)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos and max(preset.lengths) > max_pos:
         raise DetourError(f"--lengths: {max(preset.lengths)} exceeds the model's max_position_embeddings ({max_pos})")

@@ -1,6 +1,6 @@
 """Haystacks and pairs for `detour needle`: a fact inserted into a document cut to a length in tokens.
 
-    python -c "from detour.eval.needle_haystack import *; from transformers import AutoTokenizer; \
+    python -c "from detour.analysis.needle_haystack import *; from transformers import AutoTokenizer; \
 from detour.paths import minilm_path; t = AutoTokenizer.from_pretrained(minilm_path()); \
 h = Haystacks(read_haystack('synthetic', 'en', 5, 0), t); \
 print(t.decode(make_pairs(1, [128], ['middle'], 'en', h, 0)[0].input_ids))"
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from detour.errors import DetourError
-from detour.eval.needle_templates import TEMPLATES, Fact, make_fact
+from detour.analysis.needle_templates import TEMPLATES, Fact, make_fact
 
 
 @dataclass

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from detour.cli import main
-from detour.eval import needle as needle_module
-from detour.eval.needle_haystack import Haystacks, make_pairs
-from detour.eval.needle_stats import accuracy_cell, beats_chance, chance_level, wilson
-from detour.eval.needle_templates import LEXICONS, TEMPLATES, make_fact, slots
+from detour.analysis import needle as needle_module
+from detour.analysis.needle_haystack import Haystacks, make_pairs
+from detour.analysis.needle_stats import accuracy_cell, beats_chance, chance_level, wilson
+from detour.analysis.needle_templates import LEXICONS, TEMPLATES, make_fact, slots
 
 
 def _pattern(template: str, lexicon: dict) -> re.Pattern:

@@ -1,6 +1,6 @@
 """SYNTHETIC clinical NER task: IOB2 files and a task spec made from the embedded case generator.
 
-    python -m detour.data.synthetic_ner --out data/synthetic-ner --train 300 --validation 100 --test 200
+    python -m detour.eval.synthetic_ner --out data/synthetic-ner --train 300 --validation 100 --test 200
     detour eval minilm-l6 --task-spec data/synthetic-ner/task.yaml --seeds 2 --epochs 1 --out runs/eval-synth
 
 Sentences of `detour.data.synthetic` case reports, tagged with five entity types that the
@@ -47,7 +47,9 @@ KEEP_EMPTY = 0.3  # share of entity-free sentences kept (about a third of all se
 SPLITS = ("train", "validation", "test")
 FILES = {"train": "train.tsv", "validation": "devel.tsv", "test": "test.tsv"}
 SPEC_FILE, MANIFEST_FILE = "task.yaml", "manifest.json"
-WRITTEN_BY = "detour.data.synthetic_ner"
+WRITTEN_BY = "detour.eval.synthetic_ner"
+# the module's earlier name: a task folder it wrote is ours too
+_WRITTEN_BY_BEFORE = ("detour.data.synthetic_ner",)
 
 # Words with inner hyphens, apostrophes, points or commas (C-reactive, d'asthme, 15.2, 38,5) stay
 # whole; any other non-space character is a token of its own.
@@ -200,7 +202,7 @@ def _stats(rows, hidden: dict[str, set], tagger: Tagger) -> dict:
 
 def _is_ours(out: Path) -> bool:
     try:
-        return json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8")).get("written_by") == WRITTEN_BY
+        return json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8")).get("written_by") in (WRITTEN_BY, *_WRITTEN_BY_BEFORE)
     except (OSError, ValueError, AttributeError):
         return False
 
