@@ -93,6 +93,25 @@ def read_yaml_mapping(path: str | Path, what: str) -> dict:
     return tree
 
 
+def read_json_mapping(path: str | Path, schema: str | tuple[str, ...] | None = None) -> dict:
+    """A JSON file whose top level must be an object, optionally with a `schema` field among `schema`."""
+    from detour.errors import DetourError
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DetourError(f"{path}: cannot read it ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DetourError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise DetourError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    accepted = (schema,) if isinstance(schema, str) else schema
+    if accepted is not None and data.get("schema") not in accepted:
+        expected = " or ".join(repr(s) for s in accepted)
+        raise DetourError(f"{path}: field 'schema' is {data.get('schema')!r}, expected {expected}")
+    return data
+
+
 def ensure_output_dir(path: str | Path, flag: str = "--out") -> Path:
     """Create (or accept) an output folder and prove it writable, before any compute.
 

@@ -175,7 +175,11 @@ def test_verb_end_to_end_with_noise_floor(tiny, tmp_path, capsys):
                     "--max-length", 40, "--out", out) == 0
     result = json.loads((out / "cka.json").read_text())
     assert (out / "cka.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert result["num_layers"] == 3 and [row["layer"] for row in result["layers"]] == [0, 1, 2, 3]
+    assert result["num_layers"] == 3 and result["schema"] == "detour.cka/2"
+    # one numbering with trajectory, transplant, drift and freeze: transformer layers from 0, beside the hidden state
+    assert [row["layer"] for row in result["layers"]] == ["emb", 0, 1, 2]
+    assert [row["hidden_state"] for row in result["layers"]] == [0, 1, 2, 3]
+    assert [row["name"] for row in result["layers"]] == ["embeddings", "layer 0", "layer 1", "layer 2"]
     for row in result["layers"]:
         assert len(row["cka_per_seed"]) == 2 and 0 <= row["cka_mean"] <= 1
         assert row["cka_mean"] == pytest.approx(sum(row["cka_per_seed"]) / 2)
@@ -224,3 +228,18 @@ def test_alias_and_bert_models_are_accepted(minilm, tmp_path):
     result = json.loads((out / "cka.json").read_text())
     assert result["num_layers"] == 6 and len(result["layers"]) == 7
     assert all(abs(row["divergence"]) < 1e-12 for row in result["layers"])
+
+
+def test_a_first_schema_cka_file_is_read_in_todays_numbering():
+    from detour.analysis.layers import read_cka_layers
+
+    old = {"schema": "detour.cka/1", "layers": [{"layer": 0, "name": "embeddings", "divergence": 0.1},
+                                                 {"layer": 1, "name": "layer 1", "divergence": 0.2},
+                                                 {"layer": 2, "name": "layer 2", "divergence": 0.3}]}
+    rows = read_cka_layers(old)
+    assert [(r["layer"], r["hidden_state"], r["name"]) for r in rows] == [
+        ("emb", 0, "embeddings"), (0, 1, "layer 0"), (1, 2, "layer 1")]
+    assert [r["divergence"] for r in rows] == [0.1, 0.2, 0.3]
+    new = {"schema": "detour.cka/2", "layers": rows}
+    assert read_cka_layers(new) == rows  # today's files are read as they are
+

@@ -128,7 +128,7 @@ def test_freeze_table_shows_results_and_low_layer_divergence(study, report):
     md = section(report["md"], "4. Freeze interventions")
     freeze = load(study / "analysis" / "cka-freeze-low-clm" / "cka.json")
     detour_cka = load(study / "analysis" / "cka" / "cka.json")
-    low = [r for r in freeze["layers"] if r["layer"] == 1]  # low = layer 0 = hidden state 1
+    low = [r for r in freeze["layers"] if r["layer"] == 0]  # low = layer 0 (hidden state 1)
     (row,) = rows(md, "freeze-low-clm")
     assert row[1] == "low = layers 0 during clm"
     assert row[5] == f"{low[0]['divergence']:.4f}" and row[6] == f"{low[0]['noise_divergence']:.4f}"

@@ -20,7 +20,8 @@ from detour.cli import main as detour
 from detour.config import load_recipe
 from detour.errors import DetourError
 from detour.train.loop import check_out_dir, train
-from detour.train.metrics import Progress, read_metrics, write_curves
+from detour.runs import read_metrics
+from detour.train.metrics import Progress, write_curves
 from tests.train.conftest import RECIPES, TINY
 
 LINE = re.compile(r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) step (?P<step>\d+) phase (?P<phase>\S+) "

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from detour.train.loop import train
-from detour.train.metrics import read_metrics
+from detour.runs import read_metrics
 from detour.train.schedule import lr_at
 
 

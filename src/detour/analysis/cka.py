@@ -1,4 +1,7 @@
-"""Linear CKA between two feature matrices, and per-layer mean-pooled features of a frozen encoder.
+"""Per-layer linear CKA between two encoders (`detour analyze cka`): the measure, the features, the analysis.
+
+    detour analyze cka runs/twins/detour/model runs/twins/baseline/model \
+        --noise-floor runs/twins-seed2/baseline/model --texts synthetic --n 500 --seeds 3 --out runs/cka
 
     python -c "import numpy as np; from detour.analysis.cka import linear_cka; \
 x = np.random.default_rng(0).normal(size=(100, 8)); print(linear_cka(x, 3 * x @ np.linalg.qr(x[:8])[0]))"
@@ -13,15 +16,32 @@ difference of numbers close to 1, and float32 loses it.
 (embeddings first, then the output of each transformer layer, before ModernBERT's final_norm),
 the mean of each text's hidden vectors over its real (attention-masked) tokens: an (n x hidden)
 float64 matrix per layer.
+
+`cka_analysis`: for each seed s, n held-out texts are sampled (`detour.analysis.texts`), every
+model encodes them, and each hidden state's features give CKA(A_l, B_l). Per layer the output
+holds the CKA mean and standard deviation over seeds and the divergence d = 1 - mean CKA. With a
+noise floor C (an MLM twin of B trained with another seed) it adds d(C_l, B_l) and the seed-noise
+ratio r_l = d(A_l, B_l) / d(C_l, B_l). Writes OUT/cka.json and OUT/cka.png (atomically).
 """
 
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from detour.analysis.layers import LAYERS_NOTE, layer_rows
+from detour.analysis.models import check_same_depth, check_same_tokenizer, load_encoder
+from detour.analysis.outputs import check_text_options, save_figure, select_device, write_result
+from detour.analysis.texts import is_synthetic, sample_texts
+from detour.errors import DetourError
+from detour.model.load import load_config, weights_hash
+
+SCHEMA = "detour.cka/2"  # /2: "layer" is the transformer layer from 0 ("emb" the embeddings), beside "hidden_state"
 
 
 # ---- linear CKA ----
@@ -134,3 +154,126 @@ def layer_features(model, tokenizer, texts: Sequence[str], max_length: int = 256
         for layer, h in enumerate(states):
             features[layer][idx] = mean_pool(h, batch["attention_mask"]).cpu().numpy()
     return features
+
+
+# ---- `detour analyze cka`: the analysis, its JSON, figure and table ----
+
+def cka_analysis(model_a: str, model_b: str, noise_floor: str | None = None, texts: str = "synthetic",
+                 n: int = 500, seeds: int = 3, max_length: int = 256, batch_size: int = 16, lang: str = "en",
+                 text_field: str = "text", device: str | None = None) -> dict:
+    """Per-layer CKA of A with B (and of C with B) averaged over `seeds` samples of n texts."""
+    check_text_options(n, seeds, max_length, batch_size)
+    t0 = time.time()
+    refs = {"model_a": model_a, "model_b": model_b}
+    if noise_floor is not None:
+        refs["noise_floor"] = noise_floor
+    loaded = {role: load_config(ref) for role, ref in refs.items()}
+    depth = check_same_depth(refs, {role: cfg for role, (_, cfg) in loaded.items()})
+    dev = select_device(device)
+    samples = [sample_texts(texts, n, seed, lang=lang, text_field=text_field) for seed in range(seeds)]
+    encoders = {role: load_encoder(path, refs[role]) for role, (path, _) in loaded.items()}
+
+    per_seed = {"ab": [], "cb": []}  # per seed, a list of L+1 CKA values
+    for seed, sample in enumerate(samples):
+        check_same_tokenizer(refs, {role: tok for role, (_, tok) in encoders.items()}, sample, max_length)
+        feats = {role: layer_features(model, tok, sample, max_length, batch_size, dev)
+                 for role, (model, tok) in encoders.items()}
+        if any(len(f) != depth + 1 for f in feats.values()):
+            raise DetourError(f"expected {depth + 1} hidden states per model, got "
+                              f"{ {role: len(f) for role, f in feats.items()} }")
+        try:
+            per_seed["ab"].append([linear_cka(a, b) for a, b in zip(feats["model_a"], feats["model_b"])])
+            if noise_floor is not None:
+                per_seed["cb"].append([linear_cka(c, b) for c, b in zip(feats["noise_floor"], feats["model_b"])])
+        except ValueError as exc:
+            raise DetourError(f"seed {seed}: CKA undefined ({exc}); use more or more varied texts") from exc
+
+    layers = layer_rows(per_seed["ab"], per_seed["cb"] if noise_floor is not None else None, depth)
+    return {
+        "schema": SCHEMA,
+        "config": {
+            "model_a": model_a, "model_b": model_b, "noise_floor": noise_floor,
+            "weights_hash": {role: weights_hash(path) for role, (path, _) in loaded.items()},
+            "texts": texts, "synthetic_texts": is_synthetic(texts), "lang": lang if is_synthetic(texts) else None,
+            "n": n, "seeds": list(range(seeds)), "max_length": max_length, "batch_size": batch_size,
+            "device": str(dev), "dtype": "float64",
+            "features": LAYERS_NOTE,
+            "cka": "linear CKA on centred features; divergence = 1 - mean CKA over seeds; std = sample std over seeds",
+            "seed_noise_ratio": "d(model_a, model_b) / d(noise_floor, model_b); null when that floor is 0",
+        },
+        "num_layers": depth,
+        "layers": layers,
+        "seconds": round(time.time() - t0, 2),
+    }
+
+
+# ---- outputs ----
+
+def display_name(model: str) -> str:
+    """A legend label: the folder with its parent when the folder alone says nothing (detour/model)."""
+    from detour.eval.results import display_name as label
+
+    return label(str(model).rstrip("/"))
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = result["layers"]
+    x = [row["hidden_state"] for row in layers]
+    cfg = result["config"]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.errorbar(x, [row["divergence"] for row in layers], yerr=[row["cka_std"] for row in layers],
+                marker="o", capsize=3, label=f"d(A, B): detour (A) {display_name(cfg['model_a'])} vs baseline (B) "
+                      f"{display_name(cfg['model_b'])}")
+    if cfg["noise_floor"] is not None:
+        ax.errorbar(x, [row["noise_divergence"] for row in layers], yerr=[row["noise_cka_std"] for row in layers],
+                    marker="s", ls="--", color="grey", capsize=3,
+                    label=f"noise floor d(C, B): {display_name(cfg['noise_floor'])}")
+    ax.set_xticks(x, [str(row["layer"]) for row in layers])
+    ax.set_xlabel("layer (emb = embeddings; l = output of transformer layer l, from 0)")
+    ax.set_ylabel("divergence 1 - linear CKA")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"per-layer CKA divergence, {cfg['n']} texts x {len(cfg['seeds'])} seeds"
+                 + (" (synthetic texts)" if cfg["synthetic_texts"] else ""), fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def write_outputs(result: dict, out: Path) -> None:
+    write_result(out, "cka", result, plot)
+
+
+def _d(value: float) -> str:
+    # Divergences between nearly unchanged layers are of order 1e-5: fixed decimals would show 0.
+    return f"{value:.4f}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cfg = result["config"]
+    noise = cfg["noise_floor"] is not None
+    console = Console()
+    console.print(f"A = {cfg['model_a']}\nB = {cfg['model_b']}" + (f"\nC = {cfg['noise_floor']}" if noise else ""),
+                  highlight=False)
+    table = Table(title=f"linear CKA per layer, {cfg['n']} texts x {len(cfg['seeds'])} seeds (mean ± std)")
+    table.add_column("layer")
+    table.add_column("CKA(A,B)", justify="right")
+    table.add_column("d(A,B)", justify="right")
+    if noise:
+        table.add_column("d(C,B)", justify="right")
+        table.add_column("r = d(A,B)/d(C,B)", justify="right")
+    for row in result["layers"]:
+        cells = [row["name"], f"{row['cka_mean']:.4f} ± {row['cka_std']:.4f}", _d(row["divergence"])]
+        if noise:
+            ratio = row["seed_noise_ratio"]
+            cells += [_d(row["noise_divergence"]), "-" if ratio is None else f"{ratio:.2f}"]
+        table.add_row(*cells)
+    console.print(table)

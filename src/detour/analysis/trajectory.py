@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from detour.analysis.cka import layer_features, linear_cka
+from detour.analysis.layers import LAYERS_NOTE, layer_rows, seed_stats
 from detour.analysis.models import check_same_depth, check_same_tokenizer, load_encoder
 from detour.data.tokenize import load_tokenizer
 from detour.model.load import load_config, weights_hash
@@ -39,6 +40,7 @@ from detour.analysis.outputs import (add_text_arguments, check_text_options, sav
                                      write_result)
 from detour.model.freeze import describe_groups, layer_group_ranges
 from detour.paths import ALIASES, resolve_model_ref
+from detour.runs import RunFolder
 
 HELP = "CKA divergence between two runs at checkpoints along a phase, with a seed-noise floor"
 SCHEMA = "detour.trajectory/1"
@@ -61,7 +63,7 @@ class Point:
 def read_recipe(run: Path) -> dict:
     if not run.is_dir():
         raise DetourError(f"run folder {run}: no such folder")
-    path = run / "recipe.json"
+    path = RunFolder(run).recipe
     if not path.is_file():
         raise DetourError(f"{run}: no recipe.json, so this is not a run folder written by `detour train` or "
                           "`detour twins` (for twins, pass OUT/detour and OUT/baseline)")
@@ -105,7 +107,7 @@ def phase_points(run: Path, phase: str | None) -> tuple[dict, list[Point], list[
     index = names.index(name)
     budget = recipe["phases"][index]["tokens"]
     info = {"name": name, "index": index, "tokens": budget}
-    folder = run / "export" / name
+    folder = RunFolder(run).export(name)
 
     during = {}
     if folder.is_dir():
@@ -128,7 +130,7 @@ def phase_points(run: Path, phase: str | None) -> tuple[dict, list[Point], list[
     if index > 0:
         previous = names[index - 1]
         branch = recipe.get("branch") or {}
-        candidates = [run / "export" / previous]
+        candidates = [RunFolder(run).export(previous)]
         # A branch run starts from its parent's checkpoint: its parent holds the earlier exports.
         if branch.get("run") and branch.get("after_phase") == previous:
             candidates.append(Path(branch["run"]) / "export" / previous)
@@ -188,41 +190,17 @@ def match_points(by_role: dict[str, list[Point]], chosen: list[int] | None = Non
 
 # ---- the analysis ----
 
-def _stats(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single seed)."""
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def _layer_rows(ab: list[list[float]], cb: list[list[float]] | None, depth: int) -> list[dict]:
-    """Per hidden state (embeddings, then transformer layers 0..L-1), as `analyze cka` reports a layer."""
-    rows = []
-    for state in range(depth + 1):
-        values = [seed[state] for seed in ab]
-        mean, std = _stats(values)
-        row = {"layer": "emb" if state == 0 else state - 1, "hidden_state": state,
-               "cka_mean": mean, "cka_std": std, "cka_per_seed": values, "divergence": 1.0 - mean}
-        if cb is not None:
-            noise = [seed[state] for seed in cb]
-            n_mean, n_std = _stats(noise)
-            d_noise = 1.0 - n_mean
-            row.update(noise_cka_mean=n_mean, noise_cka_std=n_std, noise_cka_per_seed=noise,
-                       noise_divergence=d_noise,
-                       seed_noise_ratio=(1.0 - mean) / d_noise if d_noise > 0 else None)
-        rows.append(row)
-    return rows
-
-
 def _group_rows(ab: list[list[float]], cb: list[list[float]] | None, groups: dict[str, range]) -> dict:
     """Per group, the mean divergence over its layers: per seed first, then mean and std over seeds."""
     out = {}
     for name, layers in groups.items():
         # Transformer layer l is hidden state l + 1 (hidden state 0 is the embeddings).
         per_seed = [statistics.fmean(1.0 - seed[l + 1] for l in layers) for seed in ab]
-        mean, std = _stats(per_seed)
+        mean, std = seed_stats(per_seed)
         row = {"layers": list(layers), "divergence": mean, "divergence_std": std, "divergence_per_seed": per_seed}
         if cb is not None:
             noise = [statistics.fmean(1.0 - seed[l + 1] for l in layers) for seed in cb]
-            n_mean, n_std = _stats(noise)
+            n_mean, n_std = seed_stats(noise)
             row.update(noise_divergence=n_mean, noise_divergence_std=n_std, noise_divergence_per_seed=noise,
                        seed_noise_ratio=mean / n_mean if n_mean > 0 else None)
         out[name] = row
@@ -307,7 +285,7 @@ def trajectory_analysis(run_a: str, run_b: str, noise_floor: str | None = None, 
                                              for role, path in paths.items()}})
         group_rows = _group_rows(ab, cb, summaries)
         results.append({"tokens": tokens, "where": at["model_a"][tokens].where,
-                        "layers": _layer_rows(ab, cb, depth), "groups": group_rows,
+                        "layers": layer_rows(ab, cb, depth), "groups": group_rows,
                         "mean": group_rows["all"]["divergence"]})
         if progress:
             print(f"point {i + 1}/{len(common)}: {tokens:,} tokens, mean d(A,B) {_d(results[-1]['mean'])} "
@@ -326,9 +304,7 @@ def trajectory_analysis(run_a: str, run_b: str, noise_floor: str | None = None, 
             "device": str(dev), "dtype": "float64",
             "groups": {name: list(r) for name, r in groups.items()},
             "groups_described": describe_groups(depth),
-            "features": "mean over real (attention-masked) tokens of each hidden state; hidden state 0 = embeddings "
-                        "(layer 'emb'), hidden state l+1 = output of transformer layer l (before ModernBERT's "
-                        "final_norm); the same texts at every point",
+            "features": LAYERS_NOTE + "; the same texts at every point",
             "cka": "linear CKA on centred features; divergence = 1 - mean CKA over seeds; std = sample std over seeds",
             "group_divergence": "per seed the mean of 1 - CKA over the group's transformer layers, then mean and "
                                 "sample std over seeds; 'all' = every transformer layer; embeddings in no group",

@@ -23,6 +23,7 @@ import argparse
 from pathlib import Path
 
 from detour.errors import DetourError
+from detour.runs import RunFolder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_exports(run: Path) -> list[str]:
     """The exports inside a run folder, as --folder names them."""
-    found = [run / "model"] + sorted((run / "export").glob("*")) + sorted((run / "export").glob("*/[0-9]*"))
+    folder = RunFolder(run)
+    found = [folder.model] + sorted(folder.export_dir.glob("*")) + sorted(folder.export_dir.glob("*/[0-9]*"))
     return [p.relative_to(run).as_posix() for p in found if (p / "config.json").is_file()]
 
 

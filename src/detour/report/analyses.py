@@ -35,7 +35,7 @@ def cka(page: Page, s: Study, scale: str) -> None:
         page.para(f"Divergence d = 1 - linear CKA of mean-pooled hidden states, {_texts(cfg)}; "
                   + (f"noise floor d({arm_of(floor, s.arms)}, {b}), and r = d({a}, {b}) / d({arm_of(floor, s.arms)}, {b}) "
                      f"(r about 1: within seed noise)." if floor else "no noise floor was measured, so no r."))
-        page.table(["hidden state", f"d({a}, {b})", "std over text seeds", "noise floor d", "r"], rows)
+        page.table(["layer", f"d({a}, {b})", "std over text seeds", "noise floor d", "r"], rows)
     caption = "; ".join(f"{arm_of((d.get('config') or {}).get('model_a', '?'), s.arms)} vs "
                         f"{arm_of((d.get('config') or {}).get('model_b', '?'), s.arms)}: {_texts(d.get('config') or {})}"
                         for d in s.cka.values())

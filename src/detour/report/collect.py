@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from detour.errors import DetourError
+from detour.analysis.layers import read_cka_layers
+from detour.io import read_json_mapping
+from detour.runs import TWINS_FILE, RunFolder, read_metrics
 
 ROLES = ("detour", "baseline", "arm")
 
@@ -79,20 +82,6 @@ class Study:
             return str(path)
 
 
-def read_json(path: Path, schema: str | None = None) -> dict:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise DetourError(f"{path}: cannot read it ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DetourError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise DetourError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    if schema is not None and data.get("schema") != schema:
-        raise DetourError(f"{path}: field 'schema' is {data.get('schema')!r}, expected {schema!r}")
-    return data
-
-
 def arm_of(label: str, arms) -> str:
     """The arm a model path names ('arms/detour/model' -> 'detour'), else its short display name."""
     from detour.eval.results import display_name
@@ -106,21 +95,20 @@ def arm_of(label: str, arms) -> str:
 
 def _read_arm(name: str, role: str, description: str | None, folder: Path, twins: dict | None) -> Arm:
     arm = Arm(name, role, description, folder)
-    if (folder / "recipe.json").is_file():
-        arm.recipe = read_json(folder / "recipe.json")
-    if (folder / "summary.json").is_file():
-        arm.summary = read_json(folder / "summary.json")
+    run = RunFolder(folder)
+    if run.recipe.is_file():
+        arm.recipe = read_json_mapping(run.recipe)
+    if run.summary.is_file():
+        arm.summary = read_json_mapping(run.summary)
     elif twins and name in (twins.get("arms") or {}):
         arm.summary = twins["arms"][name]
-    if (folder / "metrics.jsonl").is_file():
-        from detour.train.metrics import read_metrics
-
+    if run.metrics.is_file():
         try:
-            arm.metrics = read_metrics(folder / "metrics.jsonl")
+            arm.metrics = read_metrics(run.metrics)
         except json.JSONDecodeError as exc:
-            raise DetourError(f"{folder / 'metrics.jsonl'}: a line is not valid JSON ({exc})") from None
-    if (folder / "model" / "config.json").is_file():
-        arm.model_config = read_json(folder / "model" / "config.json")
+            raise DetourError(f"{run.metrics}: a line is not valid JSON ({exc})") from None
+    if (run.model / "config.json").is_file():
+        arm.model_config = read_json_mapping(run.model / "config.json")
     return arm
 
 
@@ -129,10 +117,10 @@ def _layout(root: Path) -> tuple[str, dict, Path | None]:
         raise DetourError(f"{root}: no such folder (expected a study folder with study.json, "
                           "or a `detour twins` folder with twins.json)")
     if (root / "study.json").is_file():
-        twins = next((p for p in (root / "twins.json", root / "arms" / "twins.json") if p.is_file()), None)
-        return "study", read_json(root / "study.json"), twins
-    if (root / "twins.json").is_file():
-        return "twins", {}, root / "twins.json"
+        twins = next((p for p in (root / TWINS_FILE, root / "arms" / TWINS_FILE) if p.is_file()), None)
+        return "study", read_json_mapping(root / "study.json"), twins
+    if (root / TWINS_FILE).is_file():
+        return "twins", {}, root / TWINS_FILE
     raise DetourError(f"{root}: neither a study folder (no study.json, written by `detour study`) nor a twins "
                       f"folder (no twins.json, written by `detour twins --out {root}`)")
 
@@ -176,7 +164,7 @@ def _sources(arms: dict[str, Arm], root: Path) -> list[Source]:
             out.append(Source(str(path), weight, None, None, "manifest.json not found (looked beside the "
                                                                "working folder and the run folder's parents)"))
         else:
-            out.append(Source(str(path), weight, read_json(folder / "manifest.json"), folder / "manifest.json"))
+            out.append(Source(str(path), weight, read_json_mapping(folder / "manifest.json"), folder / "manifest.json"))
     return out
 
 
@@ -196,21 +184,23 @@ def _by_name(root: Path, pattern: str, prefix: str, schema: str, arms) -> dict[s
     """`analysis/drift-<arm>/drift.json` -> {arm: json}; `needle/<arm>/needle.json` likewise; in arm order."""
     found = {path.parent.name[len(prefix):]: path for path in sorted(root.glob(pattern))}
     order = [a for a in arms if a in found] + [a for a in found if a not in arms]
-    return {a: read_json(found[a], schema) for a in order}
+    return {a: read_json_mapping(found[a], schema) for a in order}
 
 
 def collect(run_dir: str | Path) -> Study:
     root = Path(run_dir)
     layout, meta, twins_path = _layout(root)
-    twins = read_json(twins_path) if twins_path else None
+    twins = read_json_mapping(twins_path) if twins_path else None
     arms = _arms(root, layout, meta, twins)
     files, runs = _eval(root, arms)
-    cka = {p.parent.name: read_json(p, "detour.cka/1")
+    cka = {p.parent.name: read_json_mapping(p, ("detour.cka/2", "detour.cka/1"))
            for p in sorted(root.glob("analysis/cka*/cka.json")) if p.parent.name == "cka" or p.parent.name.startswith("cka-")}
+    for data in cka.values():
+        data["layers"] = read_cka_layers(data)  # one layer numbering in the report, whatever the file's schema
     single = {}
     for name, schema in (("trajectory", "detour.trajectory/1"), ("transplant", "detour.transplant/1")):
         path = root / "analysis" / name / f"{name}.json"
-        single[name] = read_json(path, schema) if path.is_file() else None
+        single[name] = read_json_mapping(path, schema) if path.is_file() else None
     study = Study(
         root=root, layout=layout, name=meta.get("name") or root.resolve().name,
         description=meta.get("description"), meta=meta, arms=arms, twins=twins, twins_path=twins_path,

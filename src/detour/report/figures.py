@@ -120,8 +120,8 @@ def cka(s: Study) -> Figure | None:
     names, all_ratios, floors = [], [], set()
     for i, (name, data) in enumerate(s.cka.items()):
         rows, cfg = data["layers"], data.get("config") or {}
-        x = [r["layer"] for r in rows]
-        names = [r["name"] for r in rows]
+        x = [r["hidden_state"] for r in rows]
+        names = [str(r["layer"]) for r in rows]
         label = _pair_label(s, cfg)
         d_ax.errorbar(x, [r["divergence"] for r in rows], yerr=[r.get("cka_std", 0.0) for r in rows],
                       color=f"C{i}", marker="o", capsize=3, label=f"d({label})")
@@ -142,8 +142,8 @@ def cka(s: Study) -> Figure | None:
         r_ax.yaxis.set_major_formatter(ScalarFormatter())
         r_ax.yaxis.set_minor_formatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else "")
     for ax in (d_ax, r_ax):
-        ax.set_xticks(range(len(names)), [n.replace("layer ", "") if n != "embeddings" else "emb" for n in names])
-        ax.set_xlabel("hidden state (emb = embeddings, l = output of layer l)")
+        ax.set_xticks(range(len(names)), names)
+        ax.set_xlabel("layer (emb = embeddings; l = output of transformer layer l, from 0)")
         ax.legend(fontsize=7)
     d_ax.set_title("per-layer divergence, mean ± std over text seeds", fontsize=9)
     r_ax.set_title("seed-noise ratio r per layer (1 = within seed noise)", fontsize=9)

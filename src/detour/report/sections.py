@@ -291,7 +291,7 @@ def freeze(page: Page, s: Study, table: ResultsTable | None, sig: list[Significa
         d = low_divergence(cka_of[arm], low) if arm in cka_of and low else None
         rows.append([arm, frozen(s, arm), num(None if avg is None else 100 * avg, 2), vs_base, vs_detour,
                      "–" if d is None else num(d[0]), "–" if d is None or d[1] is None else num(d[1])])
-    low_text = f"layers {', '.join(map(str, low))}, hidden states {', '.join(str(i + 1) for i in low)}" if low else "?"
+    low_text = f"layers {', '.join(map(str, low))}, counted from 0" if low else "?"
     page.para(f"Freeze arms (named freeze-*, or a recipe phase with `freeze`) next to the baseline and the detour: "
               f"the average headline metric x 100 over tasks, its difference to the {baseline} (paired bootstrap p) "
               f"and to the {detour}, and the mean low-layer divergence 1 - CKA ({low_text}) of each arm against the "

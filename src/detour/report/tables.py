@@ -210,9 +210,9 @@ def low_layers(s: Study) -> list[int] | None:
 
 
 def low_divergence(cka: dict, layers: list[int]) -> tuple[float, float | None] | None:
-    """Mean divergence over the hidden states of the given transformer layers (layer l is hidden
-    state l + 1 in cka.json), and the same mean of the noise floor when there is one."""
-    rows = [r for r in cka.get("layers") or [] if isinstance(r.get("layer"), int) and r["layer"] - 1 in layers]
+    """Mean divergence over the given transformer layers (counted from 0, as cka.json's rows are read
+    by `read_cka_layers`), and the same mean of the noise floor when there is one."""
+    rows = [r for r in cka.get("layers") or [] if isinstance(r.get("layer"), int) and r["layer"] in layers]
     if not rows:
         return None
     noise = [r.get("noise_divergence") for r in rows]

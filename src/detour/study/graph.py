@@ -32,6 +32,7 @@ from detour.config import Recipe, apply_overrides, load_recipe, recipe_from_dict
 from detour.errors import DetourError
 from detour.study.hashes import ContentHashes
 from detour.study.spec import StudySpec, option_flags
+from detour.runs import TWINS_FILE, RunFolder
 
 SYNTHETIC_TASK = "synthetic-ner"
 
@@ -153,13 +154,13 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
         steps.append(Step(f"train:{name}", "train",
                           argv=["train", str(recipes_dir / f"{name}.json"), "--out", str(run_dir), "--resume"],
                           deps=deps, spec={"recipe": recipe_to_dict(recipe)},
-                          outputs=[run_dir / "summary.json", run_dir / "model"], hash_of=run_dir / "model",
+                          outputs=[RunFolder(run_dir).summary, RunFolder(run_dir).model], hash_of=RunFolder(run_dir).model,
                           tokens=_train_tokens(recipe), recipe=recipe))
     trained = [f"train:{n}" for n in arms]
-    steps.append(Step("streams", "streams", deps=trained, outputs=[out / "twins.json"], hash_of=out / "twins.json"))
+    steps.append(Step("streams", "streams", deps=trained, outputs=[out / TWINS_FILE], hash_of=out / TWINS_FILE))
 
     def model(arm: str) -> str:
-        return str(out / "arms" / arm / "model")
+        return str(RunFolder(out / "arms" / arm).model)
 
     reportable = ["streams"]
     evaluations: list[Step] = []  # run after the analyses: they are the long part of a study on CPU

@@ -37,6 +37,7 @@ from detour.stop import RESUMABLE_EXIT, stop_signals_to
 from detour.study.graph import SYNTHETIC_TASK, Step, build_steps, output_hash, step_key
 from detour.study.hashes import ContentHashes
 from detour.study.spec import StudySpec, load_study
+from detour.runs import TWINS_FILE, RunFolder
 
 STATE_SCHEMA = "detour.study-state/1"
 DESIGN_SCHEMA = "detour.study/1"
@@ -203,7 +204,7 @@ def clear_stale(step: Step, out: Path) -> None:
     if step.kind != "train":
         return  # eval keeps what still matches (its own cache); analyses and prepare overwrite
     folder = out / "arms" / step.name.split(":", 1)[1]
-    if folder.is_dir() and (folder / "recipe.json").is_file():
+    if folder.is_dir() and RunFolder(folder).is_run():
         print(f"  replacing {folder}: its inputs changed", flush=True)
         shutil.rmtree(folder)
 
@@ -212,10 +213,10 @@ def _act(step: Step, spec: StudySpec, out: Path) -> None:
     if step.kind == "streams":
         from detour.train.twins import compare_arms, describe_checks
 
-        summaries = {s.split(":", 1)[1]: json.loads((out / "arms" / s.split(":", 1)[1] / "summary.json").read_text())
+        summaries = {s.split(":", 1)[1]: json.loads(RunFolder(out / "arms" / s.split(":", 1)[1]).summary.read_text())
                      for s in step.deps}
         report = compare_arms(summaries)
-        write_json(out / "twins.json", report)
+        write_json(out / TWINS_FILE, report)
         print(f"  checks: {describe_checks(report['checks'])}")
         if not all(report["checks"].values()):
             raise DetourError(f"the arms did not see the same token stream: {describe_checks(report['checks'])} "

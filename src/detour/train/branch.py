@@ -24,6 +24,7 @@ from typing import Any
 from detour.config import Recipe, recipe_to_dict
 from detour.errors import DetourError
 from detour.train.checkpoint import Checkpoint, is_phase_end, list_checkpoints, read_state, verify_checkpoint
+from detour.runs import RunFolder
 
 # Recipe fields that determine the parent's state at the end of a phase.
 _SHARED_FIELDS = ("model", "data", "optimizer", "batch", "seed", "clm_chunk_size")
@@ -46,7 +47,7 @@ def first_difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any] | None:
 
 
 def parent_recipe(run: Path) -> dict:
-    saved = run / "recipe.json"
+    saved = RunFolder(run).recipe
     if not saved.is_file():
         raise DetourError(f"--from {run}: not a detour run folder (no recipe.json)")
     return json.loads(saved.read_text())
@@ -77,7 +78,7 @@ def check_matches_parent(recipe: Recipe, parent: dict, run: Path) -> int:
 
 
 def phase_end_checkpoint(run: Path, phase_index: int, phase_name: str) -> Checkpoint:
-    for path in reversed(list_checkpoints(run / "checkpoints")):
+    for path in reversed(list_checkpoints(RunFolder(run).checkpoints)):
         state = read_state(path)
         if is_phase_end(state) and state["phase_index"] == phase_index + 1:
             problem = verify_checkpoint(path)
@@ -102,7 +103,7 @@ def branch_start(recipe: Recipe) -> tuple[Checkpoint, dict]:
 
 
 def parent_metrics(run: Path, up_to_step: int | None = None) -> list[dict]:
-    path = run / "metrics.jsonl"
+    path = RunFolder(run).metrics
     if not path.is_file():
         return []
     rows = []

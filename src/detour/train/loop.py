@@ -42,6 +42,7 @@ from detour.train.setup import build_model, build_optimizer, check_data_matches_
 from detour.train.world import World, check_strategy, init_world, shutdown_world
 from detour.train.trackers import Trackers
 from detour.stop import StopFlag, stop_signals_to
+from detour.runs import RunFolder
 
 class TrainingStopped(Exception):
     """A signal asked the run to stop; a checkpoint was saved first."""
@@ -73,7 +74,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     trackers = Trackers(recipe, out, enabled=world.main)  # a missing tracker package stops the run here
     check_out_dir(out, recipe, resume)
     # Verified before anything is built or written: a run whose checkpoints are all unusable stops here.
-    ckpt = latest_checkpoint(out / "checkpoints", warn=None if world.main else lambda _msg: None) if resume else None
+    ckpt = latest_checkpoint(RunFolder(out).checkpoints, warn=None if world.main else lambda _msg: None) if resume else None
     if resume and ckpt is None and world.main:
         print(f"detour: --resume: no checkpoint in {out / 'checkpoints'}; starting from the beginning",
               file=sys.stderr)
@@ -95,7 +96,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     # their format, and the runs that read them, do not change.
     generator = torch.Generator().manual_seed(recipe.seed + world.rank)
     state = fresh_state(world.size)
-    log = MetricsLog(out / "metrics.jsonl", enabled=world.main, trackers=trackers)
+    log = MetricsLog(RunFolder(out).metrics, enabled=world.main, trackers=trackers)
     if ckpt is not None:
         restore_checkpoint(ckpt, model, optimizer, generator, world)
         state = ckpt.state
@@ -148,9 +149,9 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                 # Export first: a crash before the checkpoint redoes the step and rewrites the same export.
                 folder = None
                 if phase_done:
-                    folder = out / "export" / phase.name
+                    folder = RunFolder(out).export(phase.name)
                 elif _export_due(recipe, phase, state["phase_tokens"] - n_tokens, state["phase_tokens"]):
-                    folder = out / "export" / phase.name / str(state["phase_tokens"])
+                    folder = RunFolder(out).export(phase.name, state["phase_tokens"])
                 if folder is not None:
                     full = parallel.full_model()  # FSDP gathers the shards: every rank takes part
                     if world.main:
@@ -163,7 +164,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                 if phase_done or periodic or stopping:
                     state["sampler"] = stream.state_dict()
                     saved_model, saved_optimizer = parallel.checkpoint_parts()
-                    path = save_checkpoint(out / "checkpoints", state["global_step"], saved_model, saved_optimizer,
+                    path = save_checkpoint(RunFolder(out).checkpoints, state["global_step"], saved_model, saved_optimizer,
                                            generator, state, recipe.checkpoint.keep_last, world,
                                            recipe.checkpoint.keep_phase_ends)
                     if stopping:
@@ -176,10 +177,10 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
         summary = {}
         full = parallel.full_model()
         if world.main:
-            final = _export(full, tokenizer, recipe, state, out / "model")
+            final = _export(full, tokenizer, recipe, state, RunFolder(out).model)
             summary = _summary(recipe, state, final)
-            write_curves(out / "metrics.jsonl", out / "curves.png", recipe.name)
-            write_json(out / "summary.json", summary)  # last: its presence means the run is complete
+            write_curves(RunFolder(out).metrics, RunFolder(out).curves, recipe.name)
+            write_json(RunFolder(out).summary, summary)  # last: its presence means the run is complete
     world.barrier()
     shutdown_world(world)
     return TrainResult(out, summary)
@@ -391,8 +392,8 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
 
 def check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
     """Refuse to overwrite a run that has checkpoints, or to resume one with another recipe."""
-    saved = out / "recipe.json"
-    if not (saved.is_file() and checkpoint_folders(out / "checkpoints")):
+    saved = RunFolder(out).recipe
+    if not (saved.is_file() and checkpoint_folders(RunFolder(out).checkpoints)):
         return
     if not resume:
         raise DetourError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
@@ -421,7 +422,7 @@ def clean_export_leftovers(out: Path) -> list[str]:
     else removed.
     """
     done = []
-    for parent in [out, out / "export", *(p for p in (out / "export").glob("*") if p.is_dir())]:
+    for parent in [out, RunFolder(out).export_dir, *(p for p in RunFolder(out).export_dir.glob("*") if p.is_dir())]:
         if not parent.is_dir():
             continue
         for folder in sorted(parent.iterdir()):
@@ -448,9 +449,9 @@ def _start_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for line in clean_export_leftovers(out):
         print(f"detour: {line} (left by an interrupted export)", file=sys.stderr)
-    for stale in sorted((out / "checkpoints").glob(".tmp-step-*")):  # a checkpoint a kill cut short
+    for stale in sorted(RunFolder(out).checkpoints.glob(".tmp-step-*")):  # a checkpoint a kill cut short
         shutil.rmtree(stale)
         print(f"detour: removed {stale} (an unfinished checkpoint)", file=sys.stderr)
-    if not resume or not checkpoint_folders(out / "checkpoints"):
-        (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh start: no stale records
-    write_json(out / "recipe.json", recipe_to_dict(recipe))
+    if not resume or not checkpoint_folders(RunFolder(out).checkpoints):
+        RunFolder(out).metrics.unlink(missing_ok=True)  # a fresh start: no stale records
+    write_json(RunFolder(out).recipe, recipe_to_dict(recipe))

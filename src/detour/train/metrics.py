@@ -25,6 +25,7 @@ from rich.table import Column
 from rich.text import Text
 
 from detour.io import atomic_write, write_text
+from detour.runs import read_metrics
 
 
 class MetricsLog:
@@ -56,10 +57,6 @@ class MetricsLog:
             if record.get("global_step", 0) <= global_step:
                 kept.append(line)
         write_text(self.path, "".join(line + "\n" for line in kept))
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 # -- progress ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import secrets
 from pathlib import Path
 
 from detour.errors import DetourError
+from detour.runs import RunFolder
 
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s")
 _MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
@@ -59,9 +60,9 @@ class Trackers:
         self._wandb = None
 
     def __enter__(self):
-        from detour.train.metrics import read_metrics
+        from detour.runs import read_metrics
 
-        metrics = self.out / "metrics.jsonl"
+        metrics = RunFolder(self.out).metrics
         earlier = read_metrics(metrics) if self.names and metrics.is_file() else []
         if "tensorboard" in self.names:
             self._open_tensorboard(earlier)

@@ -33,6 +33,7 @@ from detour.config import Recipe, apply_overrides, baseline_of, load_recipe, rec
 from detour.errors import DetourError
 from detour.io import write_json
 from detour.train.run import add_common_arguments, branch_overrides, describe_branch, print_plan
+from detour.runs import TWINS_FILE, RunFolder
 
 MAIN_ARMS = ("detour", "baseline")
 
@@ -178,7 +179,7 @@ def run_twins(recipe: Recipe, out: Path, resume: bool = False, progress: bool = 
     summaries, groups = {}, None
     for name, arm in resolved.items():
         folder = out / name
-        finished = folder / "summary.json"
+        finished = RunFolder(folder).summary
         if resume and finished.is_file():
             summaries[name] = json.loads(finished.read_text())
         else:
@@ -188,7 +189,7 @@ def run_twins(recipe: Recipe, out: Path, resume: bool = False, progress: bool = 
     if not summaries["detour"]:  # not the main process under torchrun: rank 0 writes the report
         return {}
     report = compare_arms(summaries, groups)
-    write_json(out / "twins.json", report)
+    write_json(out / TWINS_FILE, report)
     return report
 
 
@@ -197,7 +198,7 @@ def _groups_of(recipe: Recipe, folder: Path) -> str | None:
 
     named = any(p.freeze and any(x.strip() in GROUPS for x in (p.freeze.layers or "").split(","))
                 for p in recipe.phases)
-    config = folder / "model" / "config.json"
+    config = RunFolder(folder).model / "config.json"
     if not named or not config.is_file():
         return None
     return describe_groups(json.loads(config.read_text())["num_hidden_layers"])
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     parent, baseline_parent = None, None
     if args.from_run is not None:
         parent = Path(args.from_run)
-        missing = [a for a in MAIN_ARMS if not (parent / a / "recipe.json").is_file()]
+        missing = [a for a in MAIN_ARMS if not RunFolder(parent / a).is_run()]
         if missing:
             raise DetourError(f"--from {parent}: not a twins folder (no {' or '.join(missing)} run inside); "
                               "`detour train --from` branches a single run")
