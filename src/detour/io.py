@@ -15,7 +15,7 @@ import os
 import secrets
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,43 @@ def read_yaml_mapping(path: str | Path, what: str) -> dict:
     if not isinstance(tree, dict):
         raise DetourError(f"{path}: a {what} must be a YAML mapping, got {type(tree).__name__}")
     return tree
+
+
+def text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, decoded line without its newline) of a UTF-8 file, a leading BOM dropped;
+    DetourError naming file:line and column on bytes that are not UTF-8."""
+    from detour.errors import DetourError
+
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise DetourError(f"{path}: cannot open ({exc.strerror})") from None
+    with f:
+        for number, raw in enumerate(f, 1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                yield number, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise DetourError(f"{path}:{number}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column "
+                                  f"{exc.start + 1})") from None
+
+
+def jsonl_objects(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file (corpora and task data alike);
+    DetourError naming file:line on a line that is not a JSON object."""
+    from detour.errors import DetourError
+
+    for number, line in text_lines(path):
+        if not line.strip():
+            continue  # a blank line is not a record
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DetourError(f"{path}:{number}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(record, dict):
+            raise DetourError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        yield number, record
 
 
 def read_json_mapping(path: str | Path, schema: str | tuple[str, ...] | None = None) -> dict:

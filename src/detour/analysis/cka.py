@@ -39,6 +39,7 @@ from detour.analysis.models import check_same_depth, check_same_tokenizer, load_
 from detour.analysis.outputs import check_text_options, save_figure, select_device, write_result
 from detour.analysis.texts import is_synthetic, sample_texts
 from detour.errors import DetourError
+from detour.eval.results import display_name
 from detour.model.load import load_config, weights_hash
 
 SCHEMA = "detour.cka/2"  # /2: "layer" is the transformer layer from 0 ("emb" the embeddings), beside "hidden_state"
@@ -208,13 +209,6 @@ def cka_analysis(model_a: str, model_b: str, noise_floor: str | None = None, tex
 
 
 # ---- outputs ----
-
-def display_name(model: str) -> str:
-    """A legend label: the folder with its parent when the folder alone says nothing (detour/model)."""
-    from detour.eval.results import display_name as label
-
-    return label(str(model).rstrip("/"))
-
 
 def plot(result: dict, path: Path) -> None:
     import matplotlib

@@ -25,6 +25,7 @@ from pathlib import Path
 from detour.analysis.models import check_same_depth
 from detour.model.load import load_config, load_encoder, weights_hash
 from detour.errors import DetourError
+from detour.eval.results import display_name
 from detour.analysis.outputs import save_figure, write_result
 from detour.model.freeze import _LAYER_PARTS, _is_norm, describe_groups, layer_group_ranges
 from detour.model.load import SUPPORTED_MODEL_TYPES
@@ -215,13 +216,6 @@ def drift_analysis(model_a: str, model_b: str) -> dict:
 
 # ---- outputs ----
 
-def _label(ref: str) -> str:
-    # Arms are usually folders named "model" under runs/<study>/<arm>/: the parent tells them apart.
-    parts = Path(ref).parts
-    label = "/".join(parts[-2:]) if len(parts) > 1 else ref
-    return label if len(label) <= 40 else "..." + label[-37:]
-
-
 def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
@@ -261,7 +255,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_yticks(range(len(rows)), [row["name"] for row in rows])
     ax.set_xlabel("component")
     ax.set_ylabel("parameters (layer 0 = first transformer layer)")
-    ax.set_title(f"relative weight change, A = {_label(cfg['model_a'])}\nagainst B = {_label(cfg['model_b'])}",
+    ax.set_title(f"relative weight change, A = {display_name(cfg['model_a'])}\nagainst B = {display_name(cfg['model_b'])}",
                  fontsize=9)
     fig.tight_layout()
     save_figure(fig, path)

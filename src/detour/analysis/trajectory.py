@@ -212,75 +212,26 @@ def trajectory_analysis(run_a: str, run_b: str, noise_floor: str | None = None, 
                         max_length: int = 256, batch_size: int = 16, lang: str = "en", text_field: str = "text",
                         device: str | None = None, progress: bool = True) -> dict:
     """Per-layer and per-group d = 1 - CKA of A with B (and C with B) at each common point of `phase`."""
-    import torch
-
     check_text_options(n, seeds, max_length, batch_size)
     t0 = time.time()
     runs = {"model_a": run_a, "model_b": run_b}
     if noise_floor is not None:
         runs["noise_floor"] = noise_floor
-
-    # Everything that can be wrong with the folders is checked before any model runs.
-    first = phase_points(Path(run_a), phase)
+    # Everything that can be wrong with the folders and models is checked before any model runs.
+    first, budget, at, common, unmatched, notes = _common_points(runs, phase, points)
     phase = first[0]["name"]
-    found = {"model_a": first}
-    found.update({role: phase_points(Path(run), phase) for role, run in runs.items() if role != "model_a"})
-    budgets = {role: info["tokens"] for role, (info, _, _) in found.items()}
-    if len(set(budgets.values())) > 1:
-        listed = ", ".join(f"{runs[role]} has {tokens}" for role, tokens in budgets.items())
-        raise DetourError(f"runs disagree on the budget of phase {phase!r} ({listed} tokens): a trajectory compares "
-                          "the runs at the same token counts, so they must share the phase's budget")
-    by_role = {role: pts for role, (_, pts, _) in found.items()}
-    notes = [note for _, _, run_notes in found.values() for note in run_notes]
-    common, unmatched = match_points(by_role, points)
-    at = {role: {p.tokens: p for p in pts} for role, pts in by_role.items()}
-
-    refs, configs = {}, {}
-    for tokens in common:
-        for role in runs:
-            key = f"{ARMS[role]} at {tokens} tokens"
-            path, cfg = load_config(at[role][tokens].path)
-            refs[key], configs[key] = path, cfg
-    depth = check_same_depth(refs, configs)
-    groups = layer_group_ranges(depth)
-    summaries = {**groups, "all": range(depth)}
     dev = select_device(device)
     samples = [sample_texts(texts, n, seed, lang=lang, text_field=text_field) for seed in range(seeds)]
-    tokenizer_paths = {}  # one per folder: twins share their start export
-    for key, path in refs.items():
-        if path not in tokenizer_paths.values():
-            tokenizer_paths[key] = path
-    probe = [text for sample in samples for text in sample]
-    check_same_tokenizer(refs, {key: load_tokenizer(path) for key, path in tokenizer_paths.items()},
-                         probe, max_length)
+    depth = _check_comparable(runs, common, at, samples, max_length)
+    groups = layer_group_ranges(depth)
+    summaries = {**groups, "all": range(depth)}
 
     hashes: dict[str, str] = {}
     exports, results = [], []
     for i, tokens in enumerate(common):
         t_point = time.time()
         paths = {role: at[role][tokens].path for role in runs}
-        # One model in memory at a time; a folder shared by two roles is encoded once.
-        feats: dict[str, list] = {}
-        for role, path in paths.items():
-            if path in feats:
-                continue
-            hashes.setdefault(path, weights_hash(path))
-            model, tok = load_encoder(path, f"{ARMS[role]} at {tokens} tokens")
-            feats[path] = [layer_features(model, tok, sample, max_length, batch_size, dev) for sample in samples]
-            del model
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-        for path, per_seed in feats.items():
-            if any(len(f) != depth + 1 for f in per_seed):
-                raise DetourError(f"{path}: expected {depth + 1} hidden states, got {len(per_seed[0])}")
-        a, b = feats[paths["model_a"]], feats[paths["model_b"]]
-        c = feats[paths["noise_floor"]] if noise_floor is not None else None
-        try:
-            ab = [[linear_cka(x, y) for x, y in zip(fa, fb)] for fa, fb in zip(a, b)]
-            cb = [[linear_cka(x, y) for x, y in zip(fc, fb)] for fc, fb in zip(c, b)] if c is not None else None
-        except ValueError as exc:
-            raise DetourError(f"point {tokens} tokens: CKA undefined ({exc}); use more or more varied texts") from exc
-        del feats, a, b, c
+        ab, cb = _cka_at_point(paths, tokens, samples, depth, max_length, batch_size, dev, hashes)
         exports.append({"tokens": tokens, **{role: {"path": path, "weights_hash": hashes[path]}
                                              for role, path in paths.items()}})
         group_rows = _group_rows(ab, cb, summaries)
@@ -296,7 +247,7 @@ def trajectory_analysis(run_a: str, run_b: str, noise_floor: str | None = None, 
         "config": {
             "runs": {role: {"run": run, "arm": ARMS[role]} for role, run in runs.items()},
             "noise_floor": noise_floor,
-            "phase": phase, "phase_index": first[0]["index"], "phase_tokens": budgets["model_a"],
+            "phase": phase, "phase_index": first[0]["index"], "phase_tokens": budget,
             "points_requested": points,
             "exports": exports,
             "texts": texts, "synthetic_texts": is_synthetic(texts), "lang": lang if is_synthetic(texts) else None,
@@ -316,6 +267,74 @@ def trajectory_analysis(run_a: str, run_b: str, noise_floor: str | None = None, 
         "notes": notes,
         "seconds": round(time.time() - t0, 2),
     }
+
+
+def _common_points(runs: dict[str, str], phase: str | None, points: list[int] | None):
+    """(the first run's phase points, the phase budget, role -> tokens -> point, the common token counts,
+    the unmatched ones, notes): the runs must share the phase's budget."""
+    first = phase_points(Path(runs["model_a"]), phase)
+    phase = first[0]["name"]
+    found = {"model_a": first}
+    found.update({role: phase_points(Path(run), phase) for role, run in runs.items() if role != "model_a"})
+    budgets = {role: info["tokens"] for role, (info, _, _) in found.items()}
+    if len(set(budgets.values())) > 1:
+        listed = ", ".join(f"{runs[role]} has {tokens}" for role, tokens in budgets.items())
+        raise DetourError(f"runs disagree on the budget of phase {phase!r} ({listed} tokens): a trajectory compares "
+                          "the runs at the same token counts, so they must share the phase's budget")
+    by_role = {role: pts for role, (_, pts, _) in found.items()}
+    notes = [note for _, _, run_notes in found.values() for note in run_notes]
+    common, unmatched = match_points(by_role, points)
+    at = {role: {p.tokens: p for p in pts} for role, pts in by_role.items()}
+    return first, budgets["model_a"], at, common, unmatched, notes
+
+
+def _check_comparable(runs: dict[str, str], common: list[int], at: dict, samples: list[list[str]],
+                      max_length: int) -> int:
+    """The shared depth of every export compared; DetourError if depths or tokenizers differ."""
+    refs, configs = {}, {}
+    for tokens in common:
+        for role in runs:
+            key = f"{ARMS[role]} at {tokens} tokens"
+            path, cfg = load_config(at[role][tokens].path)
+            refs[key], configs[key] = path, cfg
+    depth = check_same_depth(refs, configs)
+    tokenizer_paths = {}  # one per folder: twins share their start export
+    for key, path in refs.items():
+        if path not in tokenizer_paths.values():
+            tokenizer_paths[key] = path
+    probe = [text for sample in samples for text in sample]
+    check_same_tokenizer(refs, {key: load_tokenizer(path) for key, path in tokenizer_paths.items()},
+                         probe, max_length)
+    return depth
+
+
+def _cka_at_point(paths: dict[str, str], tokens: int, samples: list[list[str]], depth: int, max_length: int,
+                  batch_size: int, dev, hashes: dict[str, str]):
+    """(ab, cb): per seed, the CKA of each hidden state of A with B (and of C with B) at one point."""
+    import torch
+
+    # One model in memory at a time; a folder shared by two roles is encoded once.
+    feats: dict[str, list] = {}
+    for role, path in paths.items():
+        if path in feats:
+            continue
+        hashes.setdefault(path, weights_hash(path))
+        model, tok = load_encoder(path, f"{ARMS[role]} at {tokens} tokens")
+        feats[path] = [layer_features(model, tok, sample, max_length, batch_size, dev) for sample in samples]
+        del model
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    for path, per_seed in feats.items():
+        if any(len(f) != depth + 1 for f in per_seed):
+            raise DetourError(f"{path}: expected {depth + 1} hidden states, got {len(per_seed[0])}")
+    a, b = feats[paths["model_a"]], feats[paths["model_b"]]
+    c = feats[paths["noise_floor"]] if "noise_floor" in paths else None
+    try:
+        ab = [[linear_cka(x, y) for x, y in zip(fa, fb)] for fa, fb in zip(a, b)]
+        cb = [[linear_cka(x, y) for x, y in zip(fc, fb)] for fc, fb in zip(c, b)] if c is not None else None
+    except ValueError as exc:
+        raise DetourError(f"point {tokens} tokens: CKA undefined ({exc}); use more or more varied texts") from exc
+    return ab, cb
 
 
 # ---- outputs ----

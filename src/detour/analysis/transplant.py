@@ -215,6 +215,33 @@ def _task_result(prep, f1: dict[str, list[float]], blocks: list[str], min_gap: f
 
 # ---- the analysis ----
 
+def _check_options(seeds: int, min_gap: float, budget) -> None:
+    """The probe's options, checked before any model loads; errors name the flag."""
+    if seeds < 1:
+        raise DetourError(f"--seeds must be at least 1, got {seeds}")
+    if not min_gap >= 0:
+        raise DetourError(f"--min-gap must be >= 0 (an F1 difference on the 0-1 scale), got {min_gap}")
+    for option in ("epochs", "max_train", "max_eval", "max_length", "batch_size"):
+        value = getattr(budget, option)
+        if value is not None and value < 1:
+            raise DetourError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
+    if budget.lr is not None and not budget.lr > 0:
+        raise DetourError(f"--lr must be > 0, got {budget.lr}")
+
+
+def _check_transplantable(models: dict, src: str, dst: str) -> int:
+    """The number of encoder parameters; DetourError unless src and dst have the same names and shapes."""
+    encoder_names = encoder_parameter_names(models["dst"])
+    if encoder_parameter_names(models["src"]) != encoder_names:
+        only = sorted(encoder_names ^ encoder_parameter_names(models["src"]))[:3]
+        raise DetourError(f"src {src} and dst {dst} have different parameters ({only}); cannot transplant")
+    src_params, dst_params = dict(models["src"].named_parameters()), dict(models["dst"].named_parameters())
+    shapes = sorted(n for n in encoder_names if src_params[n].shape != dst_params[n].shape)
+    if shapes:
+        raise DetourError(f"src {src} and dst {dst} differ in the shapes of {shapes[:3]}; cannot transplant")
+    return sum(dst_params[n].numel() for n in encoder_names)
+
+
 def transplant_analysis(src: str, dst: str, tasks: list[str], out: Path, blocks: list[str] = DEFAULT_BLOCKS,
                         seeds: int = 3, budget=None, data_root: str | None = None, device: str | None = None,
                         min_gap: float = DEFAULT_MIN_GAP, keep_models: bool = False, log=print) -> dict:
@@ -228,16 +255,7 @@ def transplant_analysis(src: str, dst: str, tasks: list[str], out: Path, blocks:
     from detour.model.freeze import describe_groups
 
     budget = budget or ft.Budget()
-    if seeds < 1:
-        raise DetourError(f"--seeds must be at least 1, got {seeds}")
-    if not min_gap >= 0:
-        raise DetourError(f"--min-gap must be >= 0 (an F1 difference on the 0-1 scale), got {min_gap}")
-    for option in ("epochs", "max_train", "max_eval", "max_length", "batch_size"):
-        value = getattr(budget, option)
-        if value is not None and value < 1:
-            raise DetourError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
-    if budget.lr is not None and not budget.lr > 0:
-        raise DetourError(f"--lr must be > 0, got {budget.lr}")
+    _check_options(seeds, min_gap, budget)
     dev = select_device(device)
     t0 = time.time()
 
@@ -259,14 +277,7 @@ def transplant_analysis(src: str, dst: str, tasks: list[str], out: Path, blocks:
     hashes = {role: weights_hash(path) for role, path in paths.items()}
 
     models = {role: _load_mlm(path) for role, path in paths.items()}
-    encoder_names = encoder_parameter_names(models["dst"])
-    if encoder_parameter_names(models["src"]) != encoder_names:
-        only = sorted(encoder_names ^ encoder_parameter_names(models["src"]))[:3]
-        raise DetourError(f"src {src} and dst {dst} have different parameters ({only}); cannot transplant")
-    src_params, dst_params = dict(models["src"].named_parameters()), dict(models["dst"].named_parameters())
-    shapes = sorted(n for n in encoder_names if src_params[n].shape != dst_params[n].shape)
-    if shapes:
-        raise DetourError(f"src {src} and dst {dst} differ in the shapes of {shapes[:3]}; cannot transplant")
+    n_encoder = _check_transplantable(models, src, dst)
     names = {b: block_names(models["dst"], b) for b in blocks}  # DetourError for a block that selects nothing
 
     block_rows, scores = _probe_arms(models, tokenizers, names, preps, seeds, models_dir, folders, refs,
@@ -297,7 +308,7 @@ def transplant_analysis(src: str, dst: str, tasks: list[str], out: Path, blocks:
             "f1_scale": "0-1, the task's headline metric",
         },
         "num_layers": depth,
-        "encoder_parameters": sum(dst_params[n].numel() for n in encoder_names),
+        "encoder_parameters": n_encoder,
         "blocks": block_rows,
         "tasks": task_rows,
         "average": average,

@@ -19,7 +19,6 @@ Bad input raises DetourError naming the file and line.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from detour.errors import DetourError
+from detour.io import jsonl_objects, text_lines
 
 TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -145,30 +145,13 @@ def document_location(source: Source, number: int) -> str:
     return f"{source.location}: row {number}"
 
 
-def _lines(path: str) -> Iterator[tuple[int, str]]:
-    """(line number, decoded line without its newline); DetourError on bytes that are not UTF-8."""
-    try:
-        f = open(path, "rb")
-    except OSError as exc:
-        raise DetourError(f"{path}: cannot open ({exc.strerror})") from None
-    with f:
-        for number, raw in enumerate(f, 1):
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            try:
-                yield number, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as exc:
-                raise DetourError(f"{path}:{number}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column "
-                                  f"{exc.start + 1})") from None
-
-
 def _read_text(source: Source) -> Iterator[tuple[int, str]]:
     if not source.options.get("blank_line_docs"):
-        yield from _lines(source.location)
+        yield from text_lines(source.location)
         return
     block: list[str] = []
     first = 0
-    for number, line in _lines(source.location):
+    for number, line in text_lines(source.location):
         if line.strip():
             if not block:
                 first = number
@@ -188,16 +171,8 @@ def _check_text(value, where: str, field_name: str) -> str | None:
 
 def _read_jsonl(source: Source) -> Iterator[tuple[int, str | None]]:
     field_name = source.options["text_field"]
-    for number, line in _lines(source.location):
-        if not line.strip():
-            continue  # a blank line is not a record
+    for number, record in jsonl_objects(source.location):
         where = f"{source.location}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DetourError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(record, dict):
-            raise DetourError(f"{where}: expected a JSON object, got {type(record).__name__}")
         if field_name not in record:
             raise DetourError(f"{where}: no field {field_name!r} (fields: {', '.join(sorted(record))}; "
                               "choose one with --text-field)")

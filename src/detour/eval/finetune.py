@@ -235,46 +235,16 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
     model = build_model(model_name, prep, linear_probe).to(device)
     t = prep.spec.training
     optimizer = _optimizer(model, prep.lr, t.head_lr, t.weight_decay)
-    train = prep.features["train"]
-    steps_per_epoch = math.ceil(len(train) / prep.batch_size)
-    total = steps_per_epoch * prep.epochs
-    warmup = int(t.warmup_ratio * total)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
-    )
+    schedule = _linear_schedule(optimizer, prep)
     order_rng = torch.Generator().manual_seed(seed)
     head_key = prep.spec.headline
-    best = (-math.inf, 0, None)
-    history, train_s, eval_s, first = [], 0.0, 0.0, 1
+    progress = {"best": (-math.inf, 0, None), "history": [], "train_s": 0.0, "eval_s": 0.0, "first": 1}
     if checkpoint is not None and Path(checkpoint).exists():
-        saved = read_checkpoint(checkpoint)
-        if saved["key"] != checkpoint_key or saved["epochs"] != prep.epochs:
-            raise DetourError(f"{checkpoint}: saved for other settings than this run's; remove it to start this seed afresh")
-        # The model, optimizer and schedule were built exactly as in the first run (the seeded
-        # generators included); now every state moves on to where that run saved it.
-        model.load_trainable_state(saved["weights"])
-        optimizer.load_state_dict(saved["optimizer"])
-        schedule.load_state_dict(saved["scheduler"])
-        _set_rng_state(saved["rng"], order_rng)
-        epoch = saved["epoch"]
-        best_weights = model.trainable_state() if saved["best_epoch"] == epoch else saved["best_weights"]
-        best = (saved["best_score"], saved["best_epoch"], best_weights)
-        history, train_s, eval_s, first = list(saved["history"]), saved["train_s"], saved["eval_s"], epoch + 1
+        progress = _resume(checkpoint, checkpoint_key, prep, model, optimizer, schedule, order_rng)
+    best, history, train_s, eval_s, first = (progress[k] for k in ("best", "history", "train_s", "eval_s", "first"))
     for epoch in range(first, prep.epochs + 1):
         t0 = time.perf_counter()
-        model.train()
-        perm = torch.randperm(len(train), generator=order_rng).tolist()
-        for s in range(0, len(perm), prep.batch_size):
-            batch = {k: v.to(device) for k, v in collate([train[i] for i in perm[s : s + prep.batch_size]], prep.pad_id).items()}
-            with _autocast(device):
-                _, loss = model(batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-            optimizer.step()
-            schedule.step()
-            if on_step:
-                on_step(loss.item())
+        _train_epoch(model, optimizer, schedule, prep, order_rng, device, on_step)
         epoch_train_s = time.perf_counter() - t0
         train_s += epoch_train_s
         t0 = time.perf_counter()
@@ -285,7 +255,7 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
         if val[head_key] > best[0]:
             best = (val[head_key], epoch, model.trainable_state())
         if checkpoint is not None:
-            state = {
+            _save_epoch(checkpoint, {
                 "format": CHECKPOINT_FORMAT, "key": checkpoint_key, "epoch": epoch, "epochs": prep.epochs,
                 "weights": model.trainable_state(), "optimizer": optimizer.state_dict(),
                 "scheduler": schedule.state_dict(), "rng": _rng_state(order_rng),
@@ -293,9 +263,7 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
                 # the best weights are the current ones when this epoch is the best: not saved twice
                 "best_weights": None if best[1] in (0, epoch) else best[2],
                 "history": history, "train_s": train_s, "eval_s": eval_s,
-            }
-            Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
+            })
         if on_epoch:
             on_epoch({"epoch": epoch, "epochs": prep.epochs, "score": val[head_key],
                       "seconds": epoch_train_s + epoch_eval_s})
@@ -310,3 +278,54 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
         "timings": {"train_s": round(train_s, 3), "eval_s": round(eval_s, 3)},
         "resumed_after_epoch": first - 1,
     }
+
+
+def _linear_schedule(optimizer, prep: PreparedTask):
+    """Linear warm-up over the spec's warmup_ratio of all steps, then linear decay to 0 (as the HF Trainer)."""
+    total = math.ceil(len(prep.features["train"]) / prep.batch_size) * prep.epochs
+    warmup = int(prep.spec.training.warmup_ratio * total)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
+    )
+
+
+def _resume(checkpoint, checkpoint_key: str, prep: PreparedTask, model, optimizer, schedule,
+            order_rng: torch.Generator) -> dict:
+    """Every state moved on to where the saved epoch left it; the progress to continue from."""
+    saved = read_checkpoint(checkpoint)
+    if saved["key"] != checkpoint_key or saved["epochs"] != prep.epochs:
+        raise DetourError(f"{checkpoint}: saved for other settings than this run's; remove it to start this seed afresh")
+    # The model, optimizer and schedule were built exactly as in the first run (the seeded
+    # generators included); now every state moves on to where that run saved it.
+    model.load_trainable_state(saved["weights"])
+    optimizer.load_state_dict(saved["optimizer"])
+    schedule.load_state_dict(saved["scheduler"])
+    _set_rng_state(saved["rng"], order_rng)
+    epoch = saved["epoch"]
+    best_weights = model.trainable_state() if saved["best_epoch"] == epoch else saved["best_weights"]
+    return {"best": (saved["best_score"], saved["best_epoch"], best_weights), "history": list(saved["history"]),
+            "train_s": saved["train_s"], "eval_s": saved["eval_s"], "first": epoch + 1}
+
+
+def _train_epoch(model, optimizer, schedule, prep: PreparedTask, order_rng: torch.Generator, device,
+                 on_step=None) -> None:
+    """One pass over the training features in a seeded order, one optimizer step per batch."""
+    train = prep.features["train"]
+    model.train()
+    perm = torch.randperm(len(train), generator=order_rng).tolist()
+    for s in range(0, len(perm), prep.batch_size):
+        batch = {k: v.to(device) for k, v in collate([train[i] for i in perm[s : s + prep.batch_size]], prep.pad_id).items()}
+        with _autocast(device):
+            _, loss = model(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+        optimizer.step()
+        schedule.step()
+        if on_step:
+            on_step(loss.item())
+
+
+def _save_epoch(checkpoint, state: dict) -> None:
+    Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))

@@ -14,12 +14,12 @@ All readers accept CRLF files and report malformed lines with the file and line 
 from __future__ import annotations
 
 import csv
-import json
 import re
 from collections import Counter
 from pathlib import Path
 
 from detour.errors import DetourError
+from detour.io import jsonl_objects
 from detour.eval.brat import read_folder
 from detour.eval.metrics import spans_from_tags
 from detour.eval.tasks import TaskSpec, register_format
@@ -222,15 +222,7 @@ def read_jsonl(path: Path, spec: TaskSpec, split: str = "") -> list[dict]:
     and repaired as in iob)."""
     opts = spec.options
     out, orphans = [], []
-    for n, line in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DetourError(f"{path}:{n}: not valid JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            raise DetourError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+    for n, obj in jsonl_objects(path):
         out.append(_from_record(obj, opts, f"{path}:{n}", len(out), orphans))
     _report_orphans(spec, split, path, orphans)
     return out

@@ -306,10 +306,26 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
                               "options": options})
         tasks.append(TaskPlan(spec, splits, setting))
     seeds = list(range(args.seeds))
+    reused, todo, report = _reuse_or_run(tasks, args.models, seeds, weights, results)
     planned = {(m, tp.spec.name, s) for tp in tasks for m in args.models for s in seeds}
+    report["kept"] = _check_runs_not_redone(results, planned, {tp.spec.name: tp.setting for tp in tasks}, weights)
+    resumable = _resumable(todo, checkpoints, report)
+    report["new"] = [r for r in report["new"] if r[:3] not in resumable]  # said once, as a resume
+    for model, task, seed in reused:  # finished, but stopped before its checkpoint was removed
+        path = checkpoints.path(model, task, seed)
+        if path.exists():
+            checkpoints.remove(path)
+    for tp in tasks:
+        if not any(t is tp for t, *_ in todo):
+            tp.splits = None  # every run of the task is cached: its splits were needed for the key only
+    return tasks, weights, reused, todo, report, resumable
+
+
+def _reuse_or_run(tasks: list[TaskPlan], models: list[str], seeds: list[int], weights: dict, results: Results):
+    """(reused, todo, report): a run whose key is unchanged is reused; any other runs, new or again."""
     reused, todo, report = [], [], {"reused": [], "rerun": [], "new": [], "resume": []}
     for tp in tasks:
-        for model in args.models:
+        for model in models:
             for seed in seeds:
                 key = {"weights": weights[model], "seed": seed, **tp.setting}
                 old = results.find(model, tp.spec.name, seed)
@@ -322,9 +338,13 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
                     report["rerun"].append((model, tp.spec.name, seed, key_changes(run_key(old), key)))
                 else:
                     report["new"].append((model, tp.spec.name, seed, ""))
-    # Runs this command does not redo must share its settings wherever they share a table with it:
-    # a task's column (one task setting) and a model's row (one set of weights).
-    settings = {tp.spec.name: tp.setting for tp in tasks}
+    return reused, todo, report
+
+
+def _check_runs_not_redone(results: Results, planned: set, settings: dict, weights: dict) -> list[tuple]:
+    """The earlier runs this command does not redo, kept; DetourError if one would share a table with
+    this command's runs under other settings: a task's column (one task setting), a model's row (one
+    set of weights)."""
     conflicts, kept = [], []
     for run in results.runs:
         where = (run["model"], run["task"], run["seed"])
@@ -353,7 +373,12 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
             f"{results.out / 'results.json'} holds runs made with other settings that this command would not redo, "
             "and one table would then mix two setups: " + "; ".join(_groups(conflicts))
             + f". Redo them too ({', '.join(sorted(hints))}), or use another --out.")
-    # Epoch checkpoints: resume those saved with this run's key; any other is stale (detour's own: removed).
+    return kept
+
+
+def _resumable(todo: list, checkpoints: EpochCheckpoints, report: dict) -> dict:
+    """(model, task, seed) -> the last saved epoch, for the epoch checkpoints saved with this run's key;
+    any other is stale, and detour's own stale checkpoints are removed."""
     resumable = {}
     for tp, model, seed, key in todo:
         path = checkpoints.path(model, tp.spec.name, seed)
@@ -372,16 +397,7 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
         resumable[model, tp.spec.name, seed] = saved["epoch"]
         report["resume"].append((model, tp.spec.name, seed, f"epochs 1-{saved['epoch']} saved" if saved["epoch"] > 1
                                  else "epoch 1 saved"))
-    report["new"] = [r for r in report["new"] if r[:3] not in resumable]  # said once, as a resume
-    for model, task, seed in reused:  # finished, but stopped before its checkpoint was removed
-        path = checkpoints.path(model, task, seed)
-        if path.exists():
-            checkpoints.remove(path)
-    report["kept"] = kept
-    for tp in tasks:
-        if not any(t is tp for t, *_ in todo):
-            tp.splits = None  # every run of the task is cached: its splits were needed for the key only
-    return tasks, weights, reused, todo, report, resumable
+    return resumable
 
 
 def _evaluate(args, specs, budget: Budget, stop: _Stop, state: dict) -> Path:

@@ -279,16 +279,23 @@ def _tags(card: dict) -> list[str]:
 
 
 def _card(card: dict, model) -> str:
+    """The README.md of an export: the Hub's YAML front matter, then the sections a Hub user reads."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    arm = _arm(card)
     hub_base = card.get("hub_base_model") or hub_id_of(card.get("base_model"))
-    license_ = card.get("license")
-    front = ModelCardData(license=license_ or "other", base_model=hub_base, datasets=card.get("datasets") or None,
-                          language=card.get("language") or None, library_name="transformers",
-                          pipeline_tag="fill-mask", tags=_tags(card))
-    title, recipe_name = _title(card)
+    front = ModelCardData(license=card.get("license") or "other", base_model=hub_base,
+                          datasets=card.get("datasets") or None, language=card.get("language") or None,
+                          library_name="transformers", pipeline_tag="fill-mask", tags=_tags(card))
     suffix, stage, last_clm = _stage(card)
+    lines = (_card_intro(card, model, suffix, stage) + _card_phases(card) + _card_data(card)
+             + _card_license_notes_recipe(card) + _card_use(last_clm))
+    return str(ModelCard("---\n" + front.to_yaml() + "\n---\n\n" + "\n".join(lines)))
+
+
+def _card_intro(card: dict, model, suffix: str, stage: str) -> list[str]:
+    """Title, the SYNTHETIC warning, what the arm is, its branch point and its stage."""
+    arm = _arm(card)
+    title, recipe_name = _title(card)
     phases = card.get("phases") or []
     lines = [f"# {title}{suffix}", ""]
     if card.get("synthetic"):
@@ -307,12 +314,17 @@ def _card(card: dict, model) -> str:
     if branch:
         lines += [f"Branched from the run `{branch.get('parent')}` at the end of its phase {branch.get('after_phase')} "
                   "(weights, optimizer state and position in the token stream carried over).", ""]
-    lines += [stage, "",
-              "It loads with `AutoModelForMaskedLM.from_pretrained`; its config is an ordinary bidirectional encoder.", ""]
-    lines += ["## Phases", "",
-              "| phase | objective | mask rate | token budget | tokens trained | final loss |",
-              "|---|---|---:|---:|---:|---:|"]
-    for phase in phases:
+    return lines + [stage, "",
+                    "It loads with `AutoModelForMaskedLM.from_pretrained`; its config is an ordinary bidirectional "
+                    "encoder.", ""]
+
+
+def _card_phases(card: dict) -> list[str]:
+    """The table of phases with their budgets, tokens trained and final losses."""
+    lines = ["## Phases", "",
+             "| phase | objective | mask rate | token budget | tokens trained | final loss |",
+             "|---|---|---:|---:|---:|---:|"]
+    for phase in card.get("phases") or []:
         loss = phase.get("final_loss")
         name = phase.get("name", "")
         if phase.get("replaced"):
@@ -322,10 +334,14 @@ def _card(card: dict, model) -> str:
                  _count(phase.get("tokens", "")), _count(phase.get("tokens_done", "-")),
                  f"{loss:.4f}" if isinstance(loss, (int, float)) else "-"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    lines += ["", "Final loss: the mean loss per predicted token over the phase's last 10 steps so far ("
-              + ("next-token for CLM, masked-token for MLM: not comparable across objectives)." if arm == "detour"
-                 else "masked-token loss; comparable across phases only at the same mask rate).") , ""]
-    lines += ["## Data", ""]
+    return lines + ["", "Final loss: the mean loss per predicted token over the phase's last 10 steps so far ("
+                    + ("next-token for CLM, masked-token for MLM: not comparable across objectives)."
+                       if _arm(card) == "detour"
+                       else "masked-token loss; comparable across phases only at the same mask rate).") , ""]
+
+
+def _card_data(card: dict) -> list[str]:
+    lines = ["## Data", ""]
     if card.get("synthetic"):
         lines += ["**SYNTHETIC**: generated clinical text, not real data.", ""]
     lines += _data_lines(card)
@@ -333,20 +349,29 @@ def _card(card: dict, model) -> str:
         lines += ["", "Hub datasets: " + ", ".join(f"`{d}`" for d in card["datasets"])]
     if card.get("language"):
         lines += ["", "Language: " + ", ".join(card["language"])]
-    trained = [p.get("tokens_done") for p in phases]
+    trained = [p.get("tokens_done") for p in card.get("phases") or []]
     if trained and all(isinstance(t, int) for t in trained):
         lines += ["", f"Tokens trained in all: {_count(sum(trained))}."]
-    lines += ["", "## License", ""]
+    return lines
+
+
+def _card_license_notes_recipe(card: dict) -> list[str]:
+    license_ = card.get("license")
+    lines = ["", "## License", ""]
     lines += [f"`{license_}`, {card.get('license_source') or 'as given'}. The training data's own terms apply as well."
               if license_ else "`other`: no license was chosen for this export (set card.license in the recipe)."]
     if card.get("notes"):
         lines += ["", "## Notes", "", str(card["notes"])]
-    lines += ["", "## Recipe", "", "```yaml", yaml.safe_dump(card.get("recipe", {}), sort_keys=False).strip(), "```", ""]
-    lines += ["## Use", ""]
+    return lines + ["", "## Recipe", "", "```yaml", yaml.safe_dump(card.get("recipe", {}), sort_keys=False).strip(),
+                    "```", ""]
+
+
+def _card_use(last_clm: bool) -> list[str]:
+    lines = ["## Use", ""]
     if last_clm:
         lines += ["For analysis only (see above): its last training was causal, so masked-token predictions "
                   "are not what it was trained for.", ""]
-    lines += [
+    return lines + [
         "```python",
         "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
         "",
@@ -360,7 +385,6 @@ def _card(card: dict, model) -> str:
         "`AutoModelForTokenClassification` and fine-tune, e.g. `detour eval PATH --tasks ncbi-disease`.",
         "",
     ]
-    return str(ModelCard("---\n" + front.to_yaml() + "\n---\n\n" + "\n".join(lines)))
 
 
 def export_hf(model, tokenizer, out_dir: str | Path, card: dict) -> Path:

@@ -128,8 +128,31 @@ def _train_tokens(recipe: Recipe) -> int:
 
 
 def build_steps(spec: StudySpec, out: Path) -> list[Step]:
+    """The study's steps in the order they run: prepare, train every arm, the stream check, the
+    analyses, the evaluations (the long part of a study on CPU, so last but the report), the report."""
     out = Path(out).resolve()  # keys see paths inside it as $STUDY/...
-    steps: list[Step] = []
+    steps = _prepare_steps(spec, out)
+    arms = build_arms(spec, out)
+    steps += _train_steps(out, arms, prepared=[f"prepare:{n}" for n in (spec.train.data or [])])
+    steps.append(Step("streams", "streams", deps=[f"train:{n}" for n in arms], outputs=[out / TWINS_FILE],
+                      hash_of=out / TWINS_FILE))
+    evaluations = _eval_steps(spec, out, arms) if spec.eval is not None else []
+    steps += _analysis_steps(spec, out, arms)
+    reportable = ["streams", *(s.name for s in evaluations if s.kind == "eval"),
+                  *(s.name for s in steps if s.kind in ("analysis", "needle"))]
+    steps += evaluations
+    if spec.report:
+        steps.append(Step("report", "report", deps=reportable,
+                          outputs=[out / "report.md", out / "report.html"], hash_of=out / "report.md"))
+    return steps
+
+
+def _model_dir(out: Path, arm: str) -> str:
+    return str(RunFolder(out / "arms" / arm).model)
+
+
+def _prepare_steps(spec: StudySpec, out: Path) -> list[Step]:
+    steps = []
     for name, prep in spec.prepare.items():
         sources = [source_argument(spec, s) for s in prep.sources]
         argv = ["prepare", *sources, "--tokenizer", prep.tokenizer, "--out", str(out / "data" / name), "--overwrite"]
@@ -142,69 +165,76 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
         steps.append(Step(f"prepare:{name}", "prepare", argv=argv, inputs=_local_inputs(sources),
                           outputs=[out / "data" / name / "manifest.json"],
                           hash_of=out / "data" / name / "manifest.json"))
-    prepared = [f"prepare:{n}" for n in (spec.train.data or [])]
+    return steps
 
-    arms = build_arms(spec, out)
+
+def _train_steps(out: Path, arms: dict, prepared: list[str]) -> list[Step]:
+    steps = []
     recipes_dir = out / ".study" / "recipes"
     for name, recipe in arms.items():
-        run_dir = out / "arms" / name
+        run = RunFolder(out / "arms" / name)
         deps = list(prepared)
         if recipe.branch is not None:
             deps.append(f"train:{Path(recipe.branch.run).name}")
         steps.append(Step(f"train:{name}", "train",
-                          argv=["train", str(recipes_dir / f"{name}.json"), "--out", str(run_dir), "--resume"],
+                          argv=["train", str(recipes_dir / f"{name}.json"), "--out", str(run.root), "--resume"],
                           deps=deps, spec={"recipe": recipe_to_dict(recipe)},
-                          outputs=[RunFolder(run_dir).summary, RunFolder(run_dir).model], hash_of=RunFolder(run_dir).model,
+                          outputs=[run.summary, run.model], hash_of=run.model,
                           tokens=_train_tokens(recipe), recipe=recipe))
-    trained = [f"train:{n}" for n in arms]
-    steps.append(Step("streams", "streams", deps=trained, outputs=[out / TWINS_FILE], hash_of=out / TWINS_FILE))
+    return steps
+
+
+def _eval_steps(spec: StudySpec, out: Path, arms: dict) -> list[Step]:
+    """The synthetic task's generation (when asked for) and one `detour eval` step per task."""
+    ev = spec.eval
+    evaluated = ev.arms or list(arms)
+    options = []
+    for key in ("epochs", "max_train", "max_eval", "max_length", "lr", "batch_size"):
+        value = getattr(ev, key)
+        if value is not None:
+            options += ["--" + key.replace("_", "-"), str(value)]
+    if ev.linear_probe:
+        options.append("--linear-probe")
+    if ev.data_root:
+        options += ["--data-root", str(spec.path(ev.data_root))]
+    steps: list[Step] = []
+    tasks: list[tuple[str, list[str], list[Path], list[str]]] = []
+    if ev.synthetic_ner is not None:
+        folder = out / "data" / "tasks" / SYNTHETIC_TASK
+        steps.append(Step(f"task:{SYNTHETIC_TASK}", "task", spec=ev.synthetic_ner.model_dump(),
+                          outputs=[folder / "task.yaml"], hash_of=folder))
+        tasks.append((SYNTHETIC_TASK, ["--task-spec", str(folder / "task.yaml")], [], [f"task:{SYNTHETIC_TASK}"]))
+    for task in ev.tasks:
+        local = spec.path(task)
+        if task.endswith((".yaml", ".yml")) or local.is_file():
+            if not local.is_file():
+                raise DetourError(f"eval.tasks: task spec file {local} not found")
+            tasks.append((local.stem, ["--task-spec", str(local)], [local], []))
+        else:
+            from detour.eval.tasks import SPEC_DIR, shipped_tasks
+
+            if task not in shipped_tasks():
+                raise DetourError(f"eval.tasks: {task!r} is neither a shipped task ({', '.join(shipped_tasks())}) "
+                                  "nor a task spec file")
+            tasks.append((task, ["--tasks", task], [SPEC_DIR / f"{task}.yaml"], []))
+    for task, selector, inputs, deps in tasks:
+        folder = out / "eval" / task
+        steps.append(Step(f"eval:{task}", "eval",
+                          argv=["eval", *[_model_dir(out, a) for a in evaluated], *selector, "--seeds", str(ev.seeds),
+                                *options, "--out", str(folder)],
+                          deps=[f"train:{a}" for a in evaluated] + deps, inputs=inputs,
+                          outputs=[folder / "results.json"], hash_of=folder / "results.json"))
+    return steps
+
+
+def _analysis_steps(spec: StudySpec, out: Path, arms: dict) -> list[Step]:
+    """CKA (the detour and each listed arm against the baseline), trajectory, transplant, drift, needle."""
+    steps = []
+    a = spec.analyses
 
     def model(arm: str) -> str:
-        return str(RunFolder(out / "arms" / arm).model)
+        return _model_dir(out, arm)
 
-    reportable = ["streams"]
-    evaluations: list[Step] = []  # run after the analyses: they are the long part of a study on CPU
-    if spec.eval is not None:
-        ev = spec.eval
-        evaluated = ev.arms or list(arms)
-        options = []
-        for key in ("epochs", "max_train", "max_eval", "max_length", "lr", "batch_size"):
-            value = getattr(ev, key)
-            if value is not None:
-                options += ["--" + key.replace("_", "-"), str(value)]
-        if ev.linear_probe:
-            options.append("--linear-probe")
-        if ev.data_root:
-            options += ["--data-root", str(spec.path(ev.data_root))]
-        tasks: list[tuple[str, list[str], list[Path], list[str]]] = []
-        if ev.synthetic_ner is not None:
-            folder = out / "data" / "tasks" / SYNTHETIC_TASK
-            evaluations.append(Step(f"task:{SYNTHETIC_TASK}", "task", spec=ev.synthetic_ner.model_dump(),
-                                    outputs=[folder / "task.yaml"], hash_of=folder))
-            tasks.append((SYNTHETIC_TASK, ["--task-spec", str(folder / "task.yaml")], [], [f"task:{SYNTHETIC_TASK}"]))
-        for task in ev.tasks:
-            local = spec.path(task)
-            if task.endswith((".yaml", ".yml")) or local.is_file():
-                if not local.is_file():
-                    raise DetourError(f"eval.tasks: task spec file {local} not found")
-                tasks.append((local.stem, ["--task-spec", str(local)], [local], []))
-            else:
-                from detour.eval.tasks import SPEC_DIR, shipped_tasks
-
-                if task not in shipped_tasks():
-                    raise DetourError(f"eval.tasks: {task!r} is neither a shipped task ({', '.join(shipped_tasks())}) "
-                                      "nor a task spec file")
-                tasks.append((task, ["--tasks", task], [SPEC_DIR / f"{task}.yaml"], []))
-        for task, selector, inputs, deps in tasks:
-            folder = out / "eval" / task
-            evaluations.append(Step(f"eval:{task}", "eval",
-                                    argv=["eval", *[model(a) for a in evaluated], *selector, "--seeds", str(ev.seeds),
-                                          *options, "--out", str(folder)],
-                                    deps=[f"train:{a}" for a in evaluated] + deps, inputs=inputs,
-                                    outputs=[folder / "results.json"], hash_of=folder / "results.json"))
-            reportable.append(f"eval:{task}")
-
-    a = spec.analyses
     if a.cka is not None:
         flags = _flags(spec, a.cka.options)
         for arm in ["detour", *a.cka.arms]:
@@ -243,11 +273,6 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
             argv = ["needle", model(arm), *_flags(spec, a.needle.options), "--out", str(folder)]
             steps.append(Step(f"needle:{arm}", "needle", argv=argv, inputs=_file_arguments(argv),
                               deps=[f"train:{arm}"], outputs=[folder / "needle.json"], hash_of=folder / "needle.json"))
-    reportable += [s.name for s in steps if s.kind in ("analysis", "needle")]
-    steps += evaluations
-    if spec.report:
-        steps.append(Step("report", "report", deps=reportable,
-                          outputs=[out / "report.md", out / "report.html"], hash_of=out / "report.md"))
     return steps
 
 

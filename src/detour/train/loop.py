@@ -66,6 +66,7 @@ def fresh_state(world_size: int) -> dict[str, Any]:
 @quiet_transformers()  # detour shows progress itself; transformers' bars and load reports only add noise
 def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
     out = Path(out)
+    run = RunFolder(out)
     world = init_world()
     device = select_device(recipe.device, world.local_rank)
     recipe.grad_accumulation(world.size)  # a full step splits evenly; a phase's last one need not
@@ -74,9 +75,9 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     trackers = Trackers(recipe, out, enabled=world.main)  # a missing tracker package stops the run here
     check_out_dir(out, recipe, resume)
     # Verified before anything is built or written: a run whose checkpoints are all unusable stops here.
-    ckpt = latest_checkpoint(RunFolder(out).checkpoints, warn=None if world.main else lambda _msg: None) if resume else None
+    ckpt = latest_checkpoint(run.checkpoints, warn=None if world.main else lambda _msg: None) if resume else None
     if resume and ckpt is None and world.main:
-        print(f"detour: --resume: no checkpoint in {out / 'checkpoints'}; starting from the beginning",
+        print(f"detour: --resume: no checkpoint in {run.checkpoints}; starting from the beginning",
               file=sys.stderr)
     branch_ckpt, branch = branch_start(recipe) if recipe.branch is not None else (None, None)
     torch.manual_seed(recipe.seed)  # identical initial weights on every rank
@@ -95,21 +96,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     # MLM masks come from the stream (see mask_key); this generator stays in checkpoints so that
     # their format, and the runs that read them, do not change.
     generator = torch.Generator().manual_seed(recipe.seed + world.rank)
-    state = fresh_state(world.size)
-    log = MetricsLog(RunFolder(out).metrics, enabled=world.main, trackers=trackers)
-    if ckpt is not None:
-        restore_checkpoint(ckpt, model, optimizer, generator, world)
-        state = ckpt.state
-        state["world_size"] = world.size  # a checkpoint may resume on another number of processes
-        stream.load_state_dict(state["sampler"])
-        log.truncate_after(state["global_step"])
-    elif branch is not None:  # a fresh branch: the parent's phase-end state is this run's start
-        restore_checkpoint(branch_ckpt, model, optimizer, generator, world)
-        state = copy.deepcopy(branch_ckpt.state)
-        state["world_size"] = world.size
-        state["branch"] = branch
-        stream.load_state_dict(state["sampler"])
-        log.write_many(parent_metrics(Path(recipe.branch.run), state["global_step"]))
+    log = MetricsLog(run.metrics, enabled=world.main, trackers=trackers)
+    state = _starting_state(recipe, ckpt, branch_ckpt, branch, model, optimizer, generator, stream, log, world)
     per_step = recipe.tokens_per_step()
     # After the restore: FSDP shards the restored weights and moves the optimizer onto the shards.
     parallel = DataParallelism(model, optimizer, recipe, world, device)
@@ -134,12 +122,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                                                       generator, tokenizer.pad_token_id, record, device, world)
                 elapsed = time.perf_counter() - t0
                 before = state["global_tokens"]
-                state["phase_step"] += 1
-                state["global_step"] += 1
-                state["phase_tokens"] += n_tokens
-                state["global_tokens"] += n_tokens
-                record["tokens"] = state["phase_tokens"]
-                record["recent_losses"] = (record["recent_losses"] + [loss])[-10:]
+                _count_step(state, record, n_tokens, loss)
                 log.write({"phase": phase.name, "objective": phase.objective, "step": state["phase_step"],
                            "global_step": state["global_step"], "tokens": state["phase_tokens"], "loss": loss,
                            "lr": lr, "grad_norm": grad_norm, "tokens_per_s": n_tokens / elapsed,
@@ -147,26 +130,16 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
                 bar.advance(n_tokens, loss, lr=lr, step=state["global_step"])
                 phase_done = state["phase_tokens"] == phase.tokens
                 # Export first: a crash before the checkpoint redoes the step and rewrites the same export.
-                folder = None
-                if phase_done:
-                    folder = RunFolder(out).export(phase.name)
-                elif _export_due(recipe, phase, state["phase_tokens"] - n_tokens, state["phase_tokens"]):
-                    folder = RunFolder(out).export(phase.name, state["phase_tokens"])
+                folder = _export_due_at(run, recipe, phase, state, n_tokens, phase_done)
                 if folder is not None:
                     full = parallel.full_model()  # FSDP gathers the shards: every rank takes part
                     if world.main:
                         _export(full, tokenizer, recipe, state, folder)
                 if phase_done:
                     state.update(phase_index=index + 1, phase_step=0, phase_tokens=0)
-                every = recipe.checkpoint.every_tokens
-                periodic = every is not None and before // every != state["global_tokens"] // every
                 stopping = world.any(stop.signum != 0)
-                if phase_done or periodic or stopping:
-                    state["sampler"] = stream.state_dict()
-                    saved_model, saved_optimizer = parallel.checkpoint_parts()
-                    path = save_checkpoint(RunFolder(out).checkpoints, state["global_step"], saved_model, saved_optimizer,
-                                           generator, state, recipe.checkpoint.keep_last, world,
-                                           recipe.checkpoint.keep_phase_ends)
+                if phase_done or _checkpoint_due(recipe, before, state) or stopping:
+                    path = _checkpoint(run, parallel, stream, generator, state, recipe, world)
                     if stopping:
                         raise TrainingStopped(stop.signum or signal.SIGTERM, path)
                 if phase_done:
@@ -174,16 +147,77 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
 
         # Still inside the signal guard: a SIGTERM now lets the final export finish (every phase is
         # done and checkpointed) instead of killing it halfway.
-        summary = {}
-        full = parallel.full_model()
-        if world.main:
-            final = _export(full, tokenizer, recipe, state, RunFolder(out).model)
-            summary = _summary(recipe, state, final)
-            write_curves(RunFolder(out).metrics, RunFolder(out).curves, recipe.name)
-            write_json(RunFolder(out).summary, summary)  # last: its presence means the run is complete
+        summary = _finish(parallel, tokenizer, recipe, state, run, world)
     world.barrier()
     shutdown_world(world)
     return TrainResult(out, summary)
+
+
+def _starting_state(recipe: Recipe, ckpt, branch_ckpt, branch, model, optimizer, generator, stream, log,
+                    world: World) -> dict[str, Any]:
+    """The state training starts from: a checkpoint's (resume), a parent's phase end (a fresh branch), or new."""
+    if ckpt is not None:
+        restore_checkpoint(ckpt, model, optimizer, generator, world)
+        state = ckpt.state
+        state["world_size"] = world.size  # a checkpoint may resume on another number of processes
+        stream.load_state_dict(state["sampler"])
+        log.truncate_after(state["global_step"])
+        return state
+    if branch is not None:
+        restore_checkpoint(branch_ckpt, model, optimizer, generator, world)
+        state = copy.deepcopy(branch_ckpt.state)
+        state["world_size"] = world.size
+        state["branch"] = branch
+        stream.load_state_dict(state["sampler"])
+        log.write_many(parent_metrics(Path(recipe.branch.run), state["global_step"]))
+        return state
+    return fresh_state(world.size)
+
+
+def _count_step(state: dict, record: dict, n_tokens: int, loss: float) -> None:
+    state["phase_step"] += 1
+    state["global_step"] += 1
+    state["phase_tokens"] += n_tokens
+    state["global_tokens"] += n_tokens
+    record["tokens"] = state["phase_tokens"]
+    record["recent_losses"] = (record["recent_losses"] + [loss])[-10:]
+
+
+def _export_due_at(run: RunFolder, recipe: Recipe, phase: PhaseSpec, state: dict, n_tokens: int,
+                   phase_done: bool) -> Path | None:
+    """The export folder this step ends in: the phase's end, a mid-phase export point, or none."""
+    if phase_done:
+        return run.export(phase.name)
+    if _export_due(recipe, phase, state["phase_tokens"] - n_tokens, state["phase_tokens"]):
+        return run.export(phase.name, state["phase_tokens"])
+    return None
+
+
+def _checkpoint_due(recipe: Recipe, tokens_before: int, state: dict) -> bool:
+    """A periodic checkpoint: the step crossed a multiple of checkpoint.every_tokens."""
+    every = recipe.checkpoint.every_tokens
+    return every is not None and tokens_before // every != state["global_tokens"] // every
+
+
+def _checkpoint(run: RunFolder, parallel: DataParallelism, stream: PackedStream, generator, state: dict,
+                recipe: Recipe, world: World) -> Path:
+    """Save everything a resume needs, the stream's position included; the older checkpoints pruned."""
+    state["sampler"] = stream.state_dict()
+    saved_model, saved_optimizer = parallel.checkpoint_parts()
+    return save_checkpoint(run.checkpoints, state["global_step"], saved_model, saved_optimizer, generator, state,
+                           recipe.checkpoint.keep_last, world, recipe.checkpoint.keep_phase_ends)
+
+
+def _finish(parallel: DataParallelism, tokenizer, recipe: Recipe, state: dict, run: RunFolder, world: World) -> dict:
+    """The final export, the curves and summary.json (written last: its presence means the run is complete)."""
+    summary = {}
+    full = parallel.full_model()
+    if world.main:
+        final = _export(full, tokenizer, recipe, state, run.model)
+        summary = _summary(recipe, state, final)
+        write_curves(run.metrics, run.curves, recipe.name)
+        write_json(run.summary, summary)
+    return summary
 
 
 def train_step(parallel: DataParallelism, optimizer, stream: PackedStream, recipe: Recipe, phase: PhaseSpec,
