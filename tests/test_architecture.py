@@ -186,6 +186,33 @@ def test_one_from_pretrained_site_per_kind(trees):
         assert len(sites) == 1, f"{kind}: one from_pretrained site expected, found {sites}"
 
 
+def _constants(tree: ast.Module):
+    """String constants that are not docstrings."""
+    docstrings = {id(n.value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Expr) and isinstance(getattr(n, "value", None), ast.Constant)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings]
+
+
+RUN_FOLDER_NAMES = {"recipe.json", "metrics.jsonl", "summary.json", "twins.json", "checkpoints", "curves.png"}
+
+
+def test_the_run_folder_is_named_in_one_module(trees):
+    found = [f"{module}:{n.lineno} {n.value!r}" for module, tree in trees.items() if module != "detour.runs"
+             for n in _constants(tree) if n.value in RUN_FOLDER_NAMES]
+    assert not found, f"run-folder names outside detour.runs (use RunFolder): {found}"
+
+
+def test_one_way_to_stop(trees):
+    handlers = [f"{module}:{n.lineno}" for module, tree in trees.items() if module != "detour.stop"
+                for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "signal.signal"]
+    assert not handlers, f"signal handlers installed outside detour.stop (use stop_signals_to): {handlers}"
+    codes = [f"{module}:{n.lineno}" for module, tree in trees.items() if module != "detour.stop"
+             for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "RESUMABLE_EXIT" for t in n.targets)]
+    assert not codes, f"RESUMABLE_EXIT defined outside detour.stop: {codes}"
+
+
 # ---- the checks themselves catch what they guard ----
 
 def _package(tmp_path: Path, files: dict[str, str]) -> dict[str, ast.Module]:
@@ -225,3 +252,17 @@ def test_a_second_loader_is_found(tmp_path):
         "detour/eval/x.py": "def f(p):\n    return AutoModel.from_pretrained(p), AutoTokenizer.from_pretrained(p)\n",
     })
     assert sorted(from_pretrained_calls(trees)) == [("encoder", "detour.eval.x", 2), ("tokenizer", "detour.eval.x", 2)]
+
+
+def test_a_second_stop_handler_and_a_run_folder_name_are_found(tmp_path):
+    trees = _package(tmp_path, {
+        "detour/__init__.py": "",
+        "detour/eval/__init__.py": "",
+        "detour/eval/x.py": '"""Writes summary.json."""\nimport signal\nsignal.signal(signal.SIGTERM, print)\n'
+                            'RESUMABLE_EXIT = 75\nPATH = "summary.json"\n',
+    })
+    with pytest.raises(AssertionError, match="detour.eval.x:3"):
+        test_one_way_to_stop(trees)
+    with pytest.raises(AssertionError, match=r"detour.eval.x:5 'summary.json'"):
+        test_the_run_folder_is_named_in_one_module(trees)
+

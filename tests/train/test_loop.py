@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from detour.train.loop import train
-from detour.runs import read_metrics
+from detour.runs import RunFolder, read_metrics
 from detour.train.schedule import lr_at
 
 
@@ -38,6 +38,9 @@ def test_budgets_exact_and_lr_follows_formula(tiny_recipe, tmp_path):
     assert decay[-1]["lr"] == pytest.approx(0.1 * recipe.optimizer.lr)  # 1-sqrt ends at 10% of peak
     assert decay[0]["lr"] < recipe.optimizer.lr and decay[0]["lr"] > decay[1]["lr"]
     assert {"phase", "step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(records[0])
+    run = RunFolder(tmp_path / "run")  # the folder is laid out as detour.runs describes it, for every reader
+    assert run.is_finished() and run.curves.is_file() and (run.model / "config.json").is_file()
+    assert all((run.export(p.name) / "config.json").is_file() for p in recipe.phases)
 
 
 def test_frozen_groups_get_no_update(tiny_recipe, tmp_path):

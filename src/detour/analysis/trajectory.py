@@ -103,7 +103,7 @@ def phase_points(run: Path, phase: str | None) -> tuple[dict, list[Point], list[
     names = [p["name"] for p in recipe["phases"]]
     name = names[-1] if phase is None else phase
     if name not in names:
-        raise DetourError(f"{run / 'recipe.json'}: no phase {name!r}; its phases are {', '.join(names)}")
+        raise DetourError(f"{RunFolder(run).recipe}: no phase {name!r}; its phases are {', '.join(names)}")
     index = names.index(name)
     budget = recipe["phases"][index]["tokens"]
     info = {"name": name, "index": index, "tokens": budget}

@@ -140,7 +140,7 @@ def _arms(root: Path, layout: str, meta: dict, twins: dict | None) -> dict[str, 
         return out
     names = list((twins or {}).get("arms") or {})
     if not names:
-        raise DetourError(f"{root / 'twins.json'}: no 'arms' in it (written by `detour twins`?)")
+        raise DetourError(f"{root / TWINS_FILE}: no 'arms' in it (written by `detour twins`?)")
     return {n: _read_arm(n, n if n in ("detour", "baseline") else "arm", None, root / n, twins) for n in names}
 
 

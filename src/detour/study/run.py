@@ -220,7 +220,7 @@ def _act(step: Step, spec: StudySpec, out: Path) -> None:
         print(f"  checks: {describe_checks(report['checks'])}")
         if not all(report["checks"].values()):
             raise DetourError(f"the arms did not see the same token stream: {describe_checks(report['checks'])} "
-                              f"({out / 'twins.json'})")
+                              f"({out / TWINS_FILE})")
     elif step.kind == "task":
         from detour.eval.synthetic_ner import write_task
 

@@ -85,7 +85,7 @@ def phase_end_checkpoint(run: Path, phase_index: int, phase_name: str) -> Checkp
             if problem:
                 raise DetourError(f"--from {run}: the checkpoint at the end of phase {phase_name!r} is corrupt: {problem}")
             return Checkpoint(path, state)
-    raise DetourError(f"--from {run}: no checkpoint at the end of phase {phase_name!r} in {run / 'checkpoints'} "
+    raise DetourError(f"--from {run}: no checkpoint at the end of phase {phase_name!r} in {RunFolder(run).checkpoints} "
                       "(the parent has not finished that phase, or its phase-end checkpoint was pruned: "
                       "checkpoint.keep_phase_ends keeps them)")
 
