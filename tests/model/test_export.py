@@ -253,6 +253,41 @@ def test_a_pretrained_base_gives_its_hub_id_and_its_license(minilm, real_text, t
     assert "inherited from the base model's card (sentence-transformers/all-MiniLM-L6-v2)" in card.text
     assert "SYNTHETIC" not in card.text and "synthetic-data" not in card.data.tags
     assert "notes (`" in card.text and "2 documents" in card.text  # the input file and its counts
+    # MiniLM ships no MLM head: the card says so first, and no fill-mask widget shows its fresh head
+    assert model.fresh_mlm_head
+    first = card.text.split("## Phases")[0]
+    assert "**A fresh MLM head.** The base model shipped no masked-LM head" in first
+    assert "fill-mask predictions are not meaningful" in first
+    assert card.data.pipeline_tag == "feature-extraction"
+    assert card.data.datasets is None  # a local corpus: no Hub dataset id to name, never its path
+    assert f"Seeds: `seed` {recipe.seed}, `data.shuffle_seed` {recipe.data.shuffle_seed}" in card.text
+
+
+def test_the_card_keeps_fill_mask_for_a_head_the_base_shipped_or_trained_long_enough():
+    from detour.model.export import FILL_MASK_MIN_TOKENS, _pipeline_tag
+
+    mlm = {"phases": [{"objective": "clm", "tokens_done": 10**9}, {"objective": "mlm", "tokens_done": 5000}]}
+    assert _pipeline_tag(mlm, last_clm=False) == "fill-mask"  # the base's own head, continued
+    assert _pipeline_tag({**mlm, "fresh_head": True}, last_clm=False) == "feature-extraction"
+    long = {"fresh_head": True, "phases": [{"objective": "mlm", "tokens_done": FILL_MASK_MIN_TOKENS}]}
+    assert _pipeline_tag(long, last_clm=False) == "fill-mask"
+    assert _pipeline_tag(mlm, last_clm=True) == "feature-extraction"  # last trained as a causal LM
+
+
+def test_card_datasets_are_hub_ids_and_languages_come_from_the_recipe_or_the_generator(tmp_path):
+    from detour.model.export import card_languages, hub_datasets
+
+    local = tmp_path / "corpus"
+    local.mkdir()
+    card = {"datasets": ["bigbio/e3c", str(local), "./mine"],
+            "data": [{"path": str(local), "sources": [
+                {"input": "hf:pubmed_qa?split=train&field=context", "kind": "hf-hub"},
+                {"input": str(local / "notes.jsonl"), "kind": "jsonl"},
+                {"input": "synthetic:clinical?docs=20&seed=0&lang=fr", "kind": "synthetic"}]}]}
+    assert hub_datasets(card) == ["bigbio/e3c", "pubmed_qa"]
+    assert card_languages(card) == ["fr"]  # from the generator's source when the recipe names none
+    assert card_languages({**card, "language": ["en"]}) == ["en"]
+    assert card_languages({"data": [{"sources": [{"input": "notes.txt"}]}]}) == []
 
 
 def test_the_license_comes_from_the_recipe_else_the_base_card_else_an_error(minilm, real_text, synthetic):

@@ -9,7 +9,9 @@ so a reader never sees half a folder.
 README.md is a Hub model card. Its front matter (read by `huggingface_hub.ModelCard.load`) has the
 license, base_model (a hub id; absent for a model built from a config), datasets and language (the
 recipe's `card:` fields), tags (detour, continued-pretraining, and clm-detour, mlm-baseline or
-mlm-only) and pipeline_tag fill-mask. Its body is written from what the arm did: each phase's
+mlm-only) and pipeline_tag fill-mask (feature-extraction for an export last trained as a causal LM,
+or whose MLM head was created fresh because the base shipped none and has seen fewer than
+FILL_MASK_MIN_TOKENS masked-LM tokens: its card says so in its first paragraph). Its body is written from what the arm did: each phase's
 objective, mask rate, budget, tokens trained and final loss; for an export taken at the end of a
 phase or during one, which phases it has had and which not; the data with per-source counts and a
 SYNTHETIC warning; how to load it.
@@ -283,13 +285,69 @@ def _card(card: dict, model) -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
     hub_base = card.get("hub_base_model") or hub_id_of(card.get("base_model"))
-    front = ModelCardData(license=card.get("license") or "other", base_model=hub_base,
-                          datasets=card.get("datasets") or None, language=card.get("language") or None,
-                          library_name="transformers", pipeline_tag="fill-mask", tags=_tags(card))
     suffix, stage, last_clm = _stage(card)
+    front = ModelCardData(license=card.get("license") or "other", base_model=hub_base,
+                          datasets=hub_datasets(card) or None, language=card_languages(card) or None,
+                          library_name="transformers", pipeline_tag=_pipeline_tag(card, last_clm), tags=_tags(card))
     lines = (_card_intro(card, model, suffix, stage) + _card_phases(card) + _card_data(card)
              + _card_license_notes_recipe(card) + _card_use(last_clm))
     return str(ModelCard("---\n" + front.to_yaml() + "\n---\n\n" + "\n".join(lines)))
+
+
+# A fresh MLM head (the base shipped none: MiniLM, any BertModel) predicts nothing useful until
+# it has seen this many masked-LM tokens; below that, the card turns the Hub's fill-mask widget off.
+FILL_MASK_MIN_TOKENS = 100_000_000
+
+
+def _mlm_tokens(card: dict) -> int:
+    return sum(p.get("tokens_done") or 0 for p in card.get("phases") or [] if p.get("objective") == "mlm")
+
+
+def _pipeline_tag(card: dict, last_clm: bool) -> str:
+    """fill-mask where the MLM head means something; feature-extraction for an export last trained as a
+    causal LM, or whose head was created fresh and trained on fewer than FILL_MASK_MIN_TOKENS MLM tokens."""
+    if last_clm or (card.get("fresh_head") and _mlm_tokens(card) < FILL_MASK_MIN_TOKENS):
+        return "feature-extraction"
+    return "fill-mask"
+
+
+def hub_datasets(card: dict) -> list[str]:
+    """Hub dataset ids for the card's front matter: the recipe's card.datasets and the `hf:NAME` sources
+    of the data; a local path is never published there (the card's Data section lists the sources)."""
+    named = list(card.get("datasets") or [])
+    for source in card.get("data") or []:
+        for inner in (source.get("sources") or []) if isinstance(source, dict) else []:
+            text = str(inner.get("input") or "") if isinstance(inner, dict) else ""
+            if inner.get("kind") == "hf-hub" and text.startswith("hf:"):
+                named.append(text[3:].split("?", 1)[0])
+    ids = [d for d in named if _HUB_ID.match(str(d)) and not Path(str(d)).exists() and ".." not in str(d)]
+    return list(dict.fromkeys(ids))
+
+
+def card_languages(card: dict) -> list[str]:
+    """The recipe's card.language, else the languages of the embedded generator's sources (lang=xx)."""
+    if card.get("language"):
+        return list(card["language"])
+    found = []
+    for source in card.get("data") or []:
+        for inner in (source.get("sources") or []) if isinstance(source, dict) else []:
+            match = re.search(r"[?&]lang=([a-z]{2,3})\b", str(inner.get("input") or "")) if isinstance(inner, dict) else None
+            if match:
+                found.append(match.group(1))
+    return list(dict.fromkeys(found))
+
+
+def _fresh_head_text(card: dict) -> list[str]:
+    if not card.get("fresh_head"):
+        return []
+    tokens = _mlm_tokens(card)
+    use = ("so its fill-mask predictions are not meaningful: use the encoder body "
+           "(`AutoModel`, or a task head fine-tuned on top), not the masked-LM head"
+           if tokens < FILL_MASK_MIN_TOKENS else
+           f"which is at least the {_count(FILL_MASK_MIN_TOKENS)} tokens from which detour keeps the fill-mask widget")
+    return [f"**A fresh MLM head.** The base model shipped no masked-LM head, so this export's head was "
+            f"initialised from scratch when training began (its decoder tied to the input embeddings) and has "
+            f"been trained on {_count(tokens)} masked-LM tokens, {use}.", ""]
 
 
 def _card_intro(card: dict, model, suffix: str, stage: str) -> list[str]:
@@ -310,6 +368,7 @@ def _card_intro(card: dict, model, suffix: str, stage: str) -> list[str]:
               f"({model.config.model_type}) {'continued-pretrained' if card.get('base_model') else 'trained'} from "
               f"{_base_text(card, model)} {what}"
               + (f": {_phase_list(phases)}." if phases else "."), ""]
+    lines += _fresh_head_text(card)
     branch = card.get("branch")
     if branch:
         lines += [f"Branched from the run `{branch.get('parent')}` at the end of its phase {branch.get('after_phase')} "
@@ -345,10 +404,10 @@ def _card_data(card: dict) -> list[str]:
     if card.get("synthetic"):
         lines += ["**SYNTHETIC**: generated clinical text, not real data.", ""]
     lines += _data_lines(card)
-    if card.get("datasets"):
-        lines += ["", "Hub datasets: " + ", ".join(f"`{d}`" for d in card["datasets"])]
-    if card.get("language"):
-        lines += ["", "Language: " + ", ".join(card["language"])]
+    if hub_datasets(card):
+        lines += ["", "Hub datasets: " + ", ".join(f"`{d}`" for d in hub_datasets(card))]
+    if card_languages(card):
+        lines += ["", "Language: " + ", ".join(card_languages(card))]
     trained = [p.get("tokens_done") for p in card.get("phases") or []]
     if trained and all(isinstance(t, int) for t in trained):
         lines += ["", f"Tokens trained in all: {_count(sum(trained))}."]
@@ -362,7 +421,11 @@ def _card_license_notes_recipe(card: dict) -> list[str]:
               if license_ else "`other`: no license was chosen for this export (set card.license in the recipe)."]
     if card.get("notes"):
         lines += ["", "## Notes", "", str(card["notes"])]
-    return lines + ["", "## Recipe", "", "```yaml", yaml.safe_dump(card.get("recipe", {}), sort_keys=False).strip(),
+    seeds = card.get("seeds") or {}
+    seed_text = ["Seeds: " + ", ".join(f"`{k}` {v}" for k, v in seeds.items())
+                 + " (`seed`: new weights, dropout and, with each phase's name, the MLM masks; "
+                 "`data.shuffle_seed`: the order of the documents in the token stream).", ""] if seeds else []
+    return lines + ["", "## Recipe", ""] + seed_text + ["```yaml", yaml.safe_dump(card.get("recipe", {}), sort_keys=False).strip(),
                     "```", ""]
 
 

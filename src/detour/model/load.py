@@ -300,6 +300,7 @@ def _load_pretrained(source, attn_implementation, trust_remote_code, seed, devic
     body_missing = sorted(k for k in missing if k not in head_names and not _is_head_param(model, k))
     if body_missing:
         raise DetourError(f"model {source}: encoder weights missing from the checkpoint: {body_missing[:5]}")
+    model.fresh_mlm_head = bool(missing)  # the export's card says so, and turns the fill-mask widget off
     if missing:
         decoder = model.get_output_embeddings()
         if decoder.weight is not model.get_input_embeddings().weight:

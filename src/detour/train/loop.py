@@ -386,6 +386,8 @@ def _export(model, tokenizer, recipe: Recipe, state: dict, folder: Path) -> Path
             "language": meta.language if meta else None, "datasets": meta.datasets if meta else None,
             "tags": meta.tags if meta else None, "recipe": recipe_to_dict(recipe), "phases": phases,
             "taken": taken, "branch": state.get("branch"),
+            "fresh_head": bool(getattr(model, "fresh_mlm_head", False)),
+            "seeds": {"seed": recipe.seed, "data.shuffle_seed": recipe.data.shuffle_seed},
             "data": [describe_data(s.path, s.weight) for s in recipe.data.sources]}
     card["synthetic"] = any(d.get("synthetic") for d in card["data"])
     model.eval()
