@@ -32,3 +32,10 @@ def test_unbuilt_verb_exits_nonzero(monkeypatch, capsys):
 def test_unknown_verb_fails():
     out = subprocess.run([sys.executable, "-m", "detour.cli", "frobnicate"], capture_output=True, text=True)
     assert out.returncode != 0
+
+
+def test_no_verb_is_a_usage_error():
+    out = subprocess.run([sys.executable, "-m", "detour.cli"], capture_output=True, text=True)
+    assert out.returncode == 2  # argparse's code for a missing argument
+    assert out.stderr.startswith("usage: detour") and "give a verb" in out.stderr and out.stdout == ""
+

@@ -73,10 +73,14 @@ def _load_verb(verb: str):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
-    if not argv or argv[0] not in VERBS:
-        args = parser.parse_args(argv)  # handles --help, --version and unknown verbs
+    if not argv:  # a verb is required: usage on stderr and exit 2, as argparse does for a missing argument
+        parser.print_usage(sys.stderr)
+        print("detour: error: give a verb (detour --help lists them)", file=sys.stderr)
+        return 2
+    if argv[0] not in VERBS:
+        parser.parse_args(argv)  # handles --help, --version and unknown verbs
         parser.print_help()
-        return 0 if args.verb is None and not argv else 2
+        return 2
     verb, rest = argv[0], argv[1:]
     module = _load_verb(verb)
     if module is None or not hasattr(module, "run"):

@@ -121,15 +121,36 @@ def test_dry_run_prints_repo_folder_files_with_sizes_and_front_matter(runs, caps
     size = (run / "export" / "clm" / "model.safetensors").stat().st_size
     assert f"{size / 1e6:.1f} MB" in out
     assert "  license: apache-2.0" in out and "  base_model: answerdotai/ModernBERT-base" in out
-    assert "  pipeline_tag: fill-mask" in out and "dry run: nothing uploaded" in out
+    assert "  pipeline_tag: feature-extraction" in out  # last trained as a causal LM: no fill-mask widget
+    assert "dry run: nothing uploaded" in out
+    assert "token: none" in out and "a real push would refuse: no Hugging Face token" in out
 
 
-def test_a_synthetic_export_is_refused_unless_allowed(runs, capsys):
+def test_a_synthetic_export_is_refused_unless_allowed(runs, hub, tmp_path, capsys):
     args = ["export", str(runs["synthetic"]), "--push-to-hub", "me/tiny", "--dry-run"]
-    assert detour(args) == 2
-    err = capsys.readouterr().err
-    assert "SYNTHETIC" in err and "--allow-synthetic" in err and "nothing was uploaded" in err
+    assert detour(args) == 0  # a dry run that worked: it says what a real push would refuse
+    out = capsys.readouterr().out
+    assert "a real push would refuse: its model card says it was trained on SYNTHETIC text" in out
+    assert "--allow-synthetic" in out and "dry run: nothing uploaded" in out
     assert detour(args + ["--allow-synthetic"]) == 0
+    assert "would refuse: its model card" not in capsys.readouterr().out
+    done = push([str(runs["synthetic"]), "--push-to-hub", "me/tiny"], hub, tmp_path / "hf-home", token="hf_test")
+    assert done.returncode == 2 and "SYNTHETIC" in done.stderr and "nothing was uploaded" in done.stderr
+    assert hub.requests == []
+
+
+def test_a_hub_that_cannot_be_reached_is_named_in_one_line(runs, tmp_path):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on: the connection is refused, for real
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    nowhere = FakeHub.__new__(FakeHub)
+    nowhere.url = f"http://127.0.0.1:{closed}"
+    done = push([str(runs["real"]), "--push-to-hub", "me/tiny"], nowhere, tmp_path / "hf-home", token="hf_test")
+    assert done.returncode == 2, done.stderr
+    assert f"cannot reach the Hub at http://127.0.0.1:{closed}" in done.stderr and "Nothing was uploaded" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_a_folder_that_is_not_an_export_lists_the_runs_exports(runs, capsys):

@@ -107,16 +107,24 @@ def run(args: argparse.Namespace) -> int:
     print("model card front matter:")
     print("\n".join(f"  {line}" for line in card.data.to_yaml().splitlines()))
 
-    if is_synthetic(card) and not args.allow_synthetic:
-        raise DetourError(f"{folder}: its model card says it was trained on SYNTHETIC text (an engine test, not a "
-                          "model to publish); nothing was uploaded. Pass --allow-synthetic to push it anyway")
     from huggingface_hub import get_token
 
     token = get_token()
+    refusals = []  # what a real push would stop at, in the order it checks
+    if is_synthetic(card) and not args.allow_synthetic:
+        refusals.append("its model card says it was trained on SYNTHETIC text (an engine test, not a model to "
+                        "publish); pass --allow-synthetic to push it anyway")
+    if not token:
+        refusals.append("no Hugging Face token: set HF_TOKEN, or log in with `hf auth login`")
     if args.dry_run:
-        print(f"token: {'found' if token else 'none (a real push would stop here: set HF_TOKEN or run `hf auth login`)'}")
-        print("dry run: nothing uploaded")
+        print(f"token: {'found' if token else 'none'}")
+        for reason in refusals:
+            print(f"a real push would refuse: {reason}")
+        print("dry run: nothing uploaded" + ("" if refusals else "; a real push would upload these files"))
         return 0
+    if is_synthetic(card) and not args.allow_synthetic:
+        raise DetourError(f"{folder}: its model card says it was trained on SYNTHETIC text (an engine test, not a "
+                          "model to publish); nothing was uploaded. Pass --allow-synthetic to push it anyway")
     if not token:
         raise DetourError("no Hugging Face token: set HF_TOKEN, or log in with `hf auth login` "
                           "(`huggingface-cli login` in older versions); nothing was uploaded")
@@ -136,6 +144,25 @@ def run(args: argparse.Namespace) -> int:
         # HTTP library's own errors (no connection) are the user's to fix: one line, no traceback.
         if not (isinstance(exc, (HfHubHTTPError, ValueError)) or type(exc).__module__.startswith(("httpx", "requests"))):
             raise
+        if _is_unreachable(exc):
+            raise DetourError(f"push to {args.push_to_hub}: cannot reach the Hub at {constants.ENDPOINT} "
+                              f"({str(exc).splitlines()[0]}): no network from this machine, or a wrong HF_ENDPOINT? "
+                              "Nothing was uploaded; push from a machine with access, or copy the folder "
+                              f"{folder} there") from None
         raise DetourError(f"push to {args.push_to_hub} ({constants.ENDPOINT}): {str(exc).splitlines()[0]}") from None
     print(f"pushed {len(files)} files to {repo} ({commit.commit_url})")
     return 0
+
+
+def _is_unreachable(exc: BaseException) -> bool:
+    """A connection that never happened (DNS, refused, timed out), as opposed to an answer from the Hub."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        name = type(exc).__name__
+        if name in ("ConnectError", "ConnectTimeout", "ConnectionError", "NameResolutionError") or \
+                isinstance(exc, (ConnectionError, TimeoutError)) or (isinstance(exc, OSError) and exc.errno in (-2, -3)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
