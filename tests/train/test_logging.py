@@ -26,7 +26,7 @@ from tests.train.conftest import RECIPES, TINY
 
 LINE = re.compile(r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) step (?P<step>\d+) phase (?P<phase>\S+) "
                   r"tokens (?P<done>[\d,]+)/(?P<total>[\d,]+) loss (?P<loss>\S+) lr (?P<lr>\S+) "
-                  r"tokens/s (?P<rate>\S+) elapsed (?P<elapsed>\d+:\d\d:\d\d) eta (?P<eta>\S+)"
+                  r"tokens/s (?P<rate>\S+) elapsed (?P<elapsed>\d+:\d\d:\d\d) eta (?P<eta>\S+) run_eta (?P<run_eta>\S+)"
                   r"(?: event (?P<event>start|end)\b.*)?$")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Steps of about 0.1 s on one loaded core: 50 CLM steps then 10 MLM steps, no checkpoints or exports
@@ -97,6 +97,21 @@ def test_line_every_n_steps_and_always_at_phase_ends(tiny_recipe):
     assert [(m["step"], m["done"], m["event"]) for m in lines] == [
         ("6", "0", "start"), ("8", "512", None), ("9", "700", "end")]
     assert lines[0]["loss"] == lines[0]["lr"] == lines[0]["eta"] == "-" and lines[-1]["eta"] == "0:00:00"
+    assert lines[-1]["run_eta"] == "0:00:00"  # the end of the last phase is the end of the run
+
+
+def test_the_run_eta_counts_the_phases_still_to_come(tiny_recipe):
+    recipe = tiny_recipe("logging.every_seconds=null", "logging.every_steps=1", "phases.0.tokens=80M",
+                         "phases.1.tokens=240M")
+    stream = io.StringIO()
+    with Progress(recipe, console=Console(file=stream, force_terminal=False)) as bar:
+        bar.start_phase(recipe.phases[0], 0, step=0)
+        time.sleep(0.2)
+        bar.advance(1000, 5.0, lr=1e-3, step=1)
+    (line,) = [m for m in map(LINE.match, stream.getvalue().splitlines()) if m and not m["event"]]
+    seconds = [sum(int(x) * 60 ** i for i, x in enumerate(reversed(m.split(":")))) for m in (line["eta"], line["run_eta"])]
+    # 80M - 1000 tokens left in this phase, 320M - 1000 in the run: the run's ETA is about 4 times the phase's
+    assert seconds[0] > 0 and seconds[1] == pytest.approx(4 * seconds[0], rel=1e-3)
 
 
 @pytest.mark.parametrize("width", [80, 60])

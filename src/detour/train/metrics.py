@@ -83,8 +83,9 @@ def _short(tokens: int) -> str:
 class _PhaseClock:
     """Tokens and time of the current phase in this process; rate and ETA from them."""
 
-    def __init__(self, name: str, objective: str, total: int, done: int, step: int):
+    def __init__(self, name: str, objective: str, total: int, done: int, step: int, after: int = 0):
         self.name, self.objective, self.total = name, objective, total
+        self.after = after  # the tokens of the phases still to come after this one
         self.start_done = self.done = done  # a resumed phase starts part-way
         self.step = step
         self.loss: float | None = None
@@ -106,6 +107,14 @@ class _PhaseClock:
         rate = self.rate()
         return (self.total - self.done) / rate if rate else None
 
+    def run_eta(self) -> float | None:
+        """The rest of the run at this phase's rate: this phase's remaining tokens and every later phase's."""
+        left = self.total - self.done + self.after
+        if left <= 0:
+            return 0.0
+        rate = self.rate()
+        return left / rate if rate else None
+
 
 class _StatusColumn(ProgressColumn):
     """A phase's numbers as one text, which wraps on a narrow terminal: rich would cut separate
@@ -120,7 +129,8 @@ class _StatusColumn(ProgressColumn):
         rate = clock.rate()
         loss = "-" if clock.loss is None else f"{clock.loss:.3f}"
         speed = "-" if rate is None else f"{rate:,.0f}"
-        times = f"elapsed {format_duration(clock.elapsed())}  eta {format_duration(clock.eta())}"
+        times = (f"elapsed {format_duration(clock.elapsed())}  eta {format_duration(clock.eta())}"
+                 f"  run eta {format_duration(clock.run_eta())}")
         if self.compact:
             return Text(f"{clock.name} {_short(clock.done)}/{_short(clock.total)} tok  loss {loss}  "
                         f"{speed} tok/s  {times}")
@@ -135,11 +145,12 @@ class Progress:
     flushed: one at each phase start and end, and one after a step when `logging.every_seconds` have
     passed since the last (or every `logging.every_steps` steps):
 
-        2025-06-01 12:00:03 step 120 phase clm tokens 491,520/80,000,000 loss 5.6391 lr 2.00e-04 tokens/s 1,508 elapsed 0:05:26 eta 1:23:45
+        2025-06-01 12:00:03 step 120 phase clm tokens 491,520/80,000,000 loss 5.6391 lr 2.00e-04 tokens/s 1,508 elapsed 0:05:26 eta 1:23:45 run_eta 1:33:10
 
     `step` is the global step (as in checkpoint names); tokens, tokens/s, elapsed and eta are of the
-    phase, measured in this process (a resumed phase counts from the resume). A value not known yet
-    is `-`; phase start and end lines end with `event start` / `event end`.
+    phase, measured in this process (a resumed phase counts from the resume); run_eta is the rest of
+    the whole run (this phase and the later ones) at the phase's rate. A value not known yet is `-`;
+    phase start and end lines end with `event start` / `event end`.
     """
 
     def __init__(self, recipe, enabled: bool = True, console: Console | None = None):
@@ -178,7 +189,10 @@ class Progress:
     def start_phase(self, phase, done: int, step: int = 0) -> None:
         if not self.enabled:
             return
-        self._clock = _PhaseClock(phase.name, phase.objective, phase.tokens, done, step)
+        names = [p.name for p in self.recipe.phases]
+        later = self.recipe.phases[names.index(phase.name) + 1:] if phase.name in names else []
+        self._clock = _PhaseClock(phase.name, phase.objective, phase.tokens, done, step,
+                                  after=sum(p.tokens for p in later))
         if self._bar is not None:
             self._task = self._bar.add_task(f"{phase.name} ({phase.objective}) {self.recipe.name}",
                                             total=phase.tokens, completed=done, clock=self._clock)
@@ -217,6 +231,7 @@ class Progress:
             ("lr", "-" if clock.lr is None else f"{clock.lr:.2e}"),
             ("tokens/s", "-" if rate is None else f"{rate:,.0f}"),
             ("elapsed", format_duration(clock.elapsed())), ("eta", format_duration(clock.eta())),
+            ("run_eta", format_duration(clock.run_eta())),
         ]
         text = time.strftime("%Y-%m-%d %H:%M:%S ") + " ".join(f"{k} {v}" for k, v in fields)
         if event:
