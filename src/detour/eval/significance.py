@@ -57,10 +57,11 @@ resample draws, for every task, seeds with replacement, with the SAME draw appli
 With few seeds a plain bootstrap is too narrow (the resampled variance is (n-1)/n of the unbiased
 one), so by default each task's differences are first spread about their mean by sqrt(n / (n-1))
 (Davison & Hinkley's modified residuals; `--no-correction` turns it off). Even so its coverage is
-below 95% with 3-5 seeds; docs/statistics.md gives the coverage measured by
-bench/bench_significance.py. Earlier versions also took the p-value from this bootstrap (the shift
-method); on nulls of 3-9 seeds it rejected at alpha 0.05 in 6-7% of cases and more, which is why
-the p of record is now the sign-flip test.
+below 95% with few seeds (measured on normal differences: 0.81 for 3 seeds x 1 task, 0.93 for
+5 x 4; docs/statistics.md, from bench/bench_significance.py). Earlier versions also took the p-value
+from this bootstrap (the shift method); on normal nulls of 3-9 seeds x 1-8 tasks it rejected at
+alpha 0.05 in 5.5% (9 x 8) to 24% (3 x 1) of them, which is why the p of record is now the
+sign-flip test.
 
 Before any resampling, `compare` refuses (DetourError, exit 2) a comparison that cannot mean what
 it prints, and `--allow` turns each refusal into a WARNING on stderr and in the JSON:
