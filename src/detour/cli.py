@@ -26,7 +26,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "export": ("detour.model.push", "push a run's Hugging Face export, with its model card, to the Hub"),
     "doctor": ("detour.model.doctor", "check causal and document masking on a model's architecture"),
     "eval": ("detour.eval.run", "fine-tune and score encoders on downstream tasks over seeds"),
-    "compare": ("detour.eval.significance", "paired bootstrap significance between two models' results"),
+    "compare": ("detour.eval.significance", "exact sign-flip p-value (pooled and per task) and bootstrap interval between two models' results"),
     "needle": ("detour.analysis.needle", "long-context needle-in-a-haystack probe on a frozen encoder"),
     "analyze": ("detour.analysis.run", "per-layer CKA, trajectory through a phase, transplants, weight drift"),
     "report": ("detour.report.run", "tables, figures and an HTML report from results"),

@@ -1,4 +1,5 @@
-"""`detour compare`: paired bootstrap over tasks x seeds on results.json files written here."""
+"""`detour compare`: the paired sign-flip test (the p of record, pooled and per task with Holm) and
+the bootstrap interval over tasks x seeds, on results.json files written here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from detour.cli import main
 from detour.errors import DetourError
-from detour.eval.significance import bootstrap_statistics, compare, distinct_resamples, paired_bootstrap
+from detour.eval.significance import (bootstrap_statistics, compare, distinct_resamples, holm, paired_bootstrap,
+                                      read_comparison, seeds_for_holm, sign_flip_test, sign_flip_weights)
 
 TASKS = ["t1", "t2", "t3", "t4"]
 
@@ -55,16 +57,108 @@ def test_identical_arms_give_p_one(tmp_path):
     assert result.ci_low == result.ci_high == 0.0
 
 
-def test_null_rejection_rate_is_calibrated():
-    """500 seeded simulations of a null (paired differences of mean 0, 5 seeds x 4 tasks)."""
-    rng = np.random.default_rng(2026)
-    scales = (0.01, 0.02, 0.005, 0.03)  # tasks differ in seed noise, as real ones do
-    p_values = []
-    for sim in range(500):
-        diffs = [rng.normal(0.0, s, 5) for s in scales]
-        p_values.append(paired_bootstrap(diffs, resamples=1000, seed=sim)[3])
-    rate = float(np.mean(np.asarray(p_values) < 0.05))
-    assert 0.02 <= rate <= 0.12, rate
+def _brute_force_p(diffs: list[np.ndarray], standardise: bool = False) -> float:
+    """The two-sided sign-flip p by the definition: every pattern, one at a time."""
+    terms = sign_flip_weights(diffs, standardise)
+    observed = abs(terms.sum())
+    flips = [abs(np.dot(signs, terms)) for signs in itertools.product((1.0, -1.0), repeat=len(terms))]
+    return float(np.mean(np.asarray(flips) >= observed - 1e-12))
+
+
+def test_sign_flip_p_is_the_enumeration_of_every_pattern():
+    rng = np.random.default_rng(11)
+    for design in ([1], [3], [5], [2, 3], [3, 3, 3], [4, 1, 2], [6, 5], [3] * 4):
+        for standardise in (False, True):
+            diffs = [rng.normal(0.3, 1.0, n) for n in design]
+            result = sign_flip_test(diffs, standardise)
+            assert result.exact and result.patterns == 2 ** sum(design) and result.differences == sum(design)
+            assert result.p_value == pytest.approx(_brute_force_p(diffs, standardise), abs=1e-12), (design, standardise)
+    # ties count as extreme: equal magnitudes, and a zero difference that no flip changes
+    for diffs in ([np.array([1.0, -1.0, 1.0]), np.array([0.5, 0.5])], [np.array([0.0, 2.0, -1.0, 1.0])]):
+        assert sign_flip_test(diffs).p_value == pytest.approx(_brute_force_p(diffs))
+
+
+def test_patterns_as_extreme_in_exact_arithmetic_count_despite_float_rounding():
+    """Scores such as 0.1 + 0.2 - 0.3 round differently in another order: a pattern that ties the
+    observed one in exact arithmetic must still count as extreme (checked against fractions)."""
+    from fractions import Fraction
+
+    cases = [["0.1", "0.2", "-0.3", "0.5"], ["0.07", "0.7", "-0.77", "0.35", "0.35"], ["0.3", "-0.1", "-0.2", "0.6", "0.6"]]
+    for text in cases:
+        exact = [Fraction(x) for x in text]
+        observed = abs(sum(exact))
+        as_extreme = sum(abs(sum(s * x for s, x in zip(signs, exact))) >= observed
+                         for signs in itertools.product((1, -1), repeat=len(exact)))
+        assert sign_flip_test([np.array([float(x) for x in text])]).p_value == as_extreme / 2 ** len(exact), text
+
+
+def test_sign_flip_p_is_two_sided_with_the_floor_of_the_design():
+    """3 seeds x 1 task, all positive: 2 of the 8 patterns (it and its mirror image) are as extreme."""
+    up = [np.array([0.01, 0.02, 0.03])]
+    result = sign_flip_test(up)
+    assert result.p_value == 0.25 == result.p_floor and result.exact and result.patterns == 8
+    assert sign_flip_test([-up[0]]).p_value == 0.25  # the same p the other way round
+    rng = np.random.default_rng(12)
+    for _ in range(20):  # a difference and its negation have one p
+        diffs = [rng.normal(0.2, 1.0, 5) for _ in range(3)]
+        assert sign_flip_test(diffs).p_value == sign_flip_test([-d for d in diffs]).p_value
+    assert sign_flip_test([np.full(5, 0.01)] * 4).p_value == 2 / 2**20  # every difference one way
+    assert sign_flip_test([np.zeros(4)]).p_value == 1.0
+
+
+def test_sampled_sign_flip_p_counts_the_observed_pattern_and_is_seeded():
+    rng = np.random.default_rng(13)
+    diffs = [rng.normal(0.1, 1.0, 6) for _ in range(3)]
+    exact = sign_flip_test(diffs).p_value
+    sampled = sign_flip_test(diffs, patterns=20_000, seed=1, max_exact=2**10)
+    assert not sampled.exact and sampled.patterns == 20_000 and sampled.p_floor == 1 / 20_001
+    assert sampled.p_value == pytest.approx(exact, abs=4 * np.sqrt(exact * (1 - exact) / 20_000))
+    assert sign_flip_test(diffs, patterns=20_000, seed=1, max_exact=2**10).p_value == sampled.p_value
+    assert sign_flip_test(diffs, patterns=20_000, seed=2, max_exact=2**10).p_value != sampled.p_value
+    # no sampled pattern is as extreme as all-positive: p is (1 + 0) / (1 + patterns), never 0
+    far = sign_flip_test([np.full(9, 0.01)] * 8, patterns=999)
+    assert not far.exact and far.differences == 72 and far.p_value == 1 / 1000
+
+
+@pytest.mark.parametrize("seeds,tasks,patterns", [(3, 1, None), (9, 1, None), (5, 4, None), (9, 4, 999)])
+def test_sign_flip_null_rejection_rate_is_exact(seeds, tasks, patterns):
+    """2000 seeded nulls a design (heavy-tailed, task scales 10x apart), all at once. An exact p of
+    N differences is uniform on the multiples of 2/2^N, so P(p <= alpha) = floor(alpha 2^(N-1)) / 2^(N-1);
+    a sampled one is uniform on k / (1 + patterns). The rate must sit within 3.5 binomial s.e. of that."""
+    rng = np.random.default_rng(seeds * 100 + tasks)
+    nulls = 2000
+    diffs = [rng.standard_t(3, (nulls, seeds)) * scale for scale in np.sqrt(np.logspace(0, 1, tasks))]
+    result = sign_flip_test(diffs, patterns=patterns or 999, seed=0)
+    n = seeds * tasks
+    assert result.exact == (patterns is None)
+    for alpha in (0.05, 0.01):
+        half = 2 ** (n - 1)
+        expected = np.floor(alpha * half) / half if result.exact else np.floor(alpha * (1 + patterns)) / (1 + patterns)
+        rate = float(np.mean(result.p_value <= alpha))
+        band = 3.5 * np.sqrt(expected * (1 - expected) / nulls)
+        assert abs(rate - expected) <= band, (alpha, rate, expected)
+
+
+def test_holm_steps_down_and_keeps_the_order_of_the_raw_p():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04; raised to the running max
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([0.02]) == pytest.approx([0.02])  # one task: nothing to correct
+    rng = np.random.default_rng(14)
+    batch = rng.uniform(0, 0.1, (200, 6))
+    adjusted = holm(batch)
+    for raw, adj in zip(batch, adjusted):
+        order = np.argsort(raw)
+        assert np.all(np.diff(adj[order]) >= 0) and np.all(adj >= raw)
+        m = len(raw)  # the definition, one p at a time
+        expected = [min(1.0, max((m - j) * raw[order[j]] for j in range(k + 1))) for k in range(m)]
+        assert adj[order] == pytest.approx(expected)
+
+
+def test_seeds_for_holm():
+    assert seeds_for_holm(1) == 6  # 2/2^5 = 0.0625, 2/2^6 = 0.031
+    assert seeds_for_holm(6) == 8  # 6 x 2/2^7 = 0.094, 6 x 2/2^8 = 0.047
+    assert seeds_for_holm(8) == 9
 
 
 def test_known_shift_is_detected(tmp_path):
@@ -79,6 +173,8 @@ def test_known_shift_is_detected(tmp_path):
     reverse = compare([path], "mlm", "detour", resamples=5000)
     assert reverse.delta == pytest.approx(-result.delta)
     assert reverse.p_value < 0.01
+    assert result.p_value == reverse.p_value == 2 / 2**20 and result.exact  # every difference positive
+    assert [t.p_value for t in result.tasks] == [2 / 2**5] * 4  # 5 seeds a task: each at its floor
 
 
 def test_same_seed_same_output_and_seed_matters():
@@ -136,11 +232,23 @@ def test_cli_on_two_results_files(tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "500 resamples, seed 3" in printed and "t1" in printed and "t3" not in printed
+    assert "p = 0.0020" in printed  # a constant shift: only it and its mirror image are as extreme
+    assert ("p: paired sign-flip test over tasks x seeds, two-sided, exact: all 2^10 = 1024 sign patterns of the "
+            "10 paired differences; statistic: the mean over tasks of the mean difference; p cannot fall below "
+            "2/2^10 = 0.0020") in printed
+    assert "95% CI: percentile interval of the paired bootstrap, 500 resamples, seed 3" in printed
+    assert ("no task can be significant at 0.05 on its own: that needs 7 seeds a task with 2 task(s)") in printed
     data = json.loads(out.read_text())
+    assert data["schema"] == "detour.compare/2" and data["p_method"] == "sign-flip"
     assert data["model_a"] == "runs/detour" and data["model_b"] == "runs/mlm"
     assert [t["task"] for t in data["tasks"]] == ["t1", "t2"]
     assert data["delta"] == pytest.approx(0.02)
-    assert data["p_value"] == pytest.approx(1 / 501)  # a constant shift: no resample is as extreme
+    assert data["p_value"] == 2 / 2**10 == data["p_floor"]
+    assert data["exact"] is True and data["patterns"] == 1024 and data["differences"] == 10
+    assert data["statistic"] == "mean" and data["ci_method"].startswith("paired bootstrap, percentile")
+    for task in data["tasks"]:  # 5 seeds: 2/32 each, times 2 under Holm
+        assert task["p_value"] == task["p_floor"] == 0.0625 and task["p_holm"] == 0.125
+    assert read_comparison(out) == data
     assert main(argv[:1] + [str(tmp_path / "detour.json"), "--a", "detour", "--b", "mlm"]) == 2
     # the positional form `detour compare RESULTS... A B`
     assert main(["compare", str(tmp_path / "detour.json"), str(tmp_path / "mlm.json"), "detour", "mlm",
@@ -171,14 +279,16 @@ def test_one_seed_is_refused_and_allow_warns(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "task t1: 1 seed shared by the two models (A ran 1: [0]; B ran 1: [0])" in err
-    assert "p = 1/(1+N) = 1/1001 and a zero-width interval" in err and "--allow" in err
+    assert "a sign-flip p of 1 (2 sign patterns, both as extreme) and a zero-width bootstrap interval" in err
+    assert "--allow" in err
     # --allow: the number it refused to print, with the reason beside it, on stderr and in the JSON
     assert main(argv + ["--allow", "--json", str(tmp_path / "cmp.json")]) == 0
     captured = capsys.readouterr()
     assert "WARNING: task t1: 1 seed shared" in captured.err and "WARNING: task t4: 1 seed" in captured.err
     data = json.loads((tmp_path / "cmp.json").read_text())
     assert data["allowed"] is True and len([w for w in data["warnings"] if "1 seed shared" in w]) == 4
-    assert data["p_value"] == pytest.approx(1 / 1001) and data["ci_low"] == data["ci_high"]  # what it warned of
+    assert data["ci_low"] == data["ci_high"] and all(t["p_value"] == 1.0 for t in data["tasks"])  # what it warned of
+    assert data["p_value"] == 2 / 2**4  # the pooled test still flips the 4 tasks' differences
 
 
 def test_few_distinct_resamples_is_refused_and_the_count_printed(tmp_path, capsys):
@@ -245,3 +355,62 @@ def test_models_are_found_by_label_by_path_and_with_a_trailing_slash(tmp_path, m
         _resolve_model("model", models, "--a")
     with pytest.raises(DetourError, match="not found"):
         _resolve_model("other/model", models, "--a")
+
+
+def test_per_task_p_with_holm_and_the_floor_notes(tmp_path, capsys):
+    rng = np.random.default_rng(7)
+    base = {t: list(0.6 + rng.normal(0, 0.02, 9)) for t in ("t1", "t2")}
+    better = {"t1": [x + 0.05 for x in base["t1"]], "t2": [x + rng.normal(0, 0.02) for x in base["t2"]]}
+    path = _results(tmp_path / "r.json", {"a": better, "b": base})
+    result = compare([path], "a", "b", resamples=2000)
+    (t1, t2) = result.tasks
+    assert t1.p_value == 2 / 2**9 == t1.p_floor and t1.p_holm == 4 / 2**9  # the smallest p, times 2
+    assert t2.p_value == sign_flip_test([t2.diffs]).p_value and t2.p_holm == max(t2.p_value, t1.p_holm)
+    assert main(["compare", str(path), "--a", "a", "--b", "b", "--resamples", "2000"]) == 0
+    printed = capsys.readouterr().out
+    assert "Holm's step-down correction across the 2 task(s)" in printed and "cannot be significant" not in printed
+    # 3 seeds: no task can pass 0.05 (2/8 = 0.25), and the pooled 3 x 1 design cannot either
+    path = _results(tmp_path / "three.json", {"a": {"t1": [0.7, 0.8, 0.9]}, "b": {"t1": [0.5, 0.6, 0.7]}})
+    assert main(["compare", str(path), "--a", "a", "--b", "b", "--resamples", "10"]) == 0
+    printed = capsys.readouterr().out
+    assert "p = 0.2500" in printed
+    assert "p cannot fall below 2/2^3 = 0.2500, so this design cannot show significance at 0.05: add seeds or tasks" in printed
+    assert "with 3 seed(s) a task's p cannot fall below 0.2500, so no task can be significant at 0.05 on its own: " \
+           "that needs 6 seeds a task with 1 task(s)" in printed
+
+
+def test_sampled_patterns_and_standardise_from_the_cli(tmp_path, capsys):
+    rng = np.random.default_rng(8)
+    base = {f"t{i}": list(0.5 + rng.normal(0, 0.02, 7)) for i in range(4)}  # 28 differences: 2^28 patterns
+    other = {t: [x + rng.normal(0.005, 0.02 * (1 + 5 * (t == "t0"))) for x in v] for t, v in base.items()}
+    path = _results(tmp_path / "r.json", {"a": other, "b": base})
+    argv = ["compare", str(path), "--a", "a", "--b", "b", "--resamples", "1000", "--json", str(tmp_path / "c.json")]
+    assert main(argv + ["--patterns", "5000", "--seed", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "sampled: 5000 random sign patterns of the 2^28 = 268435456 (seed 4), p = (1 + #as extreme) / (1 + 5000)" in printed
+    assert "p cannot fall below 1/5001 = 0.0002" in printed
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["exact"] is False and data["patterns"] == 5000 and data["differences"] == 28
+    diffs = [np.asarray(t["a"]) - np.asarray(t["b"]) for t in data["tasks"]]
+    assert data["p_value"] == sign_flip_test(diffs, patterns=5000, seed=4).p_value
+    assert main(argv + ["--standardise"]) == 0
+    assert "statistic: the mean over tasks of sum(d) / sqrt(sum(d^2))" in capsys.readouterr().out
+    std = json.loads((tmp_path / "c.json").read_text())
+    assert std["statistic"] == "standardised" and std["delta"] == data["delta"]  # delta stays the mean difference
+    assert std["p_value"] == sign_flip_test(diffs, standardise=True, patterns=100_000, seed=0).p_value
+    assert [t["p_value"] for t in std["tasks"]] == [sign_flip_test([d]).p_value for d in diffs]  # per task: the same test
+
+
+def test_compare_json_of_earlier_versions_still_reads(tmp_path):
+    old = {"schema": "detour.compare/1", "model_a": "a", "model_b": "b", "metric": "headline", "delta": 0.02,
+           "ci_low": 0.01, "ci_high": 0.03, "p_value": 0.0001, "resamples": 10000, "seed": 0, "correction": True,
+           "tasks": [{"task": "t1", "metric": "macro_f1", "seeds": [0, 1, 2], "a": [0.6, 0.7, 0.8], "b": [0.5, 0.6, 0.7],
+                      "seeds_a": [0, 1, 2], "seeds_b": [0, 1, 2], "mean_diff": 0.1, "mean_a": 0.7, "mean_b": 0.6}],
+           "distinct_resamples": 10, "allowed": False, "warnings": [], "unchecked": []}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    data = read_comparison(tmp_path / "old.json")
+    assert data["p_value"] == 0.0001 and data["p_method"] == "bootstrap-shift" and data["exact"] is None
+    assert data["tasks"][0]["p_holm"] is None and data["tasks"][0]["mean_diff"] == 0.1
+    (tmp_path / "bad.json").write_text(json.dumps({**old, "schema": "detour.compare/9"}))
+    with pytest.raises(DetourError, match="must be one of detour.compare/1, detour.compare/2"):
+        read_comparison(tmp_path / "bad.json")

@@ -91,6 +91,7 @@ def test_synthetic_data_is_flagged_prominently(report):
 
 def test_results_table_and_p_value_come_from_the_results_and_significance(study, report, shared_data):
     from detour.eval.significance import compare, distinct_resamples
+    from detour.report.page import p_value
 
     md = section(report["md"], "3. Downstream results")
     results = study / "eval" / "gad" / "results.json"
@@ -104,9 +105,16 @@ def test_results_table_and_p_value_come_from_the_results_and_significance(study,
     (sig,) = [r for r in rows(md, "detour") if r[1] == "gad 2"]
     assert sig[2] == f"{100 * expected.delta:+.2f}"
     assert sig[3] == f"[{100 * expected.ci_low:+.2f}, {100 * expected.ci_high:+.2f}]"
-    assert sig[4] == f"{expected.p_value:.4f}"
+    assert sig[4] == p_value(expected.p_value) and expected.exact and expected.patterns == 4  # the sign-flip p
     assert expected.p_value >= 0.05 and "not significant" in sig[5]
-    assert "p cannot fall below 1/(1+3) = 0.2500, so this design cannot show significance" in md
+    assert "p (sign-flip)" in md and "paired sign-flip test over tasks x seeds" in md
+    assert ("p: paired sign-flip test over tasks x seeds, two-sided, exact: all 2^2 = 4 sign patterns of the 2 paired "
+            "differences; statistic: the mean over tasks of the mean difference; p cannot fall below 2/2^2 = 0.5000, "
+            "so this design cannot show significance at 0.05: add seeds or tasks") in md
+    assert "the interval rests on 3 bootstrap resamples, all the distinct ones this design allows" in md
+    (task,) = expected.tasks
+    assert f"Per task (p, Holm p): gad {p_value(task.p_value)}, {p_value(task.p_holm)}" in md
+    assert "no task can be significant at 0.05 on its own: that needs 6 seeds a task with 1 task(s)" in md
 
 
 def test_a_refused_design_shows_why_instead_of_a_p_value(study, tmp_path, shared_data):

@@ -77,4 +77,5 @@ def count(n: int, word: str) -> str:
 
 
 def p_value(p: float) -> str:
-    return f"{p:.4f}"
+    """4 decimals, or 2 significant digits below 0.0001 (an exact sign-flip p can be far below that)."""
+    return f"{p:.4f}" if p >= 1e-4 or p == 0 else f"{p:.1e}"

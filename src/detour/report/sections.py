@@ -240,9 +240,10 @@ def results(page: Page, s: Study, table: ResultsTable | None, sig: list[Signific
 
 
 def _significance(page: Page, sig: list[Significance]) -> None:
-    page.para(f"**Each arm against the {sig[0].against}** (paired bootstrap over tasks x seeds, "
-              f"`detour.eval.significance.compare`, small-sample correction on; delta = mean over tasks of the "
-              f"mean paired difference, x 100):")
+    page.para(f"**Each arm against the {sig[0].against}** (`detour.eval.significance.compare`: p from the paired "
+              f"sign-flip test over tasks x seeds, two-sided, the p of record; 95% CI the percentile interval of the "
+              f"paired bootstrap, small-sample correction on; delta = mean over tasks of the mean paired difference, "
+              f"x 100; per task, the sign-flip p over its seeds with Holm's correction across the tasks):")
     rows, notes = [], []
     for r in sig:
         design = ", ".join(f"{t} {n}" for t, n in r.seeds.items()) or "–"
@@ -256,13 +257,14 @@ def _significance(page: Page, sig: list[Significance]) -> None:
             verdict = f"**not significant** (p >= {ALPHA}): the difference may be seed noise"
         rows.append([r.arm, design, f"{100 * r.delta:+.2f}", f"[{100 * r.ci[0]:+.2f}, {100 * r.ci[1]:+.2f}]",
                      p_value(r.p_value), verdict])
+        notes.append(f"{r.arm}: {r.test}")
         if r.resamples < 10_000:
-            floor = r.floor()
-            notes.append(f"{r.arm}: {r.resamples} resamples, all the distinct ones this design allows "
-                         f"(product over tasks of C(2n-1, n)); p cannot fall below 1/(1+{r.resamples}) = {floor:.4f}"
-                         + (f", so this design cannot show significance at {ALPHA}: add seeds or tasks" if floor >= ALPHA else ""))
+            notes.append(f"{r.arm}: the interval rests on {r.resamples} bootstrap resamples, all the distinct ones "
+                         f"this design allows (product over tasks of C(2n-1, n))")
+        notes.append(f"{r.arm}: {r.holm}. Per task (p, Holm p): "
+                     + "; ".join(f"{t} {p_value(p)}, {p_value(h)}" for t, (p, h) in r.task_p.items()))
         notes += [f"{r.arm}: {n}" for n in r.notes]
-    page.table(["arm", "paired seeds per task", "delta x 100", "95% CI", "p", "verdict"], rows)
+    page.table(["arm", "paired seeds per task", "delta x 100", "95% CI", "p (sign-flip)", "verdict"], rows)
     if notes:
         page.bullets([n.replace("\n", " ") for n in notes])
 
@@ -293,7 +295,7 @@ def freeze(page: Page, s: Study, table: ResultsTable | None, sig: list[Significa
                      "–" if d is None else num(d[0]), "–" if d is None or d[1] is None else num(d[1])])
     low_text = f"layers {', '.join(map(str, low))}, counted from 0" if low else "?"
     page.para(f"Freeze arms (named freeze-*, or a recipe phase with `freeze`) next to the baseline and the detour: "
-              f"the average headline metric x 100 over tasks, its difference to the {baseline} (paired bootstrap p) "
+              f"the average headline metric x 100 over tasks, its difference to the {baseline} (sign-flip p) "
               f"and to the {detour}, and the mean low-layer divergence 1 - CKA ({low_text}) of each arm against the "
               f"{baseline} with its seed-noise floor, from analysis/cka/cka.json (detour) and "
               f"analysis/cka-<arm>/cka.json. Scale: {scale_line(s)}.")

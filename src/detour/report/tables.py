@@ -5,12 +5,14 @@ s = collect('runs/study'); print(significance_rows(s, results_table(s)))"
 
 Mean and sample standard deviation (ddof=1) over fine-tuning seeds of each task's headline metric,
 as `detour eval` summarises them; the average over tasks is the mean of the task means, given only
-for an arm evaluated on every task. Significance is `detour.eval.significance.compare` (the paired
-bootstrap of `detour compare`) on the tasks both arms ran. The number of resamples is 10,000, or
-the number of distinct resamples the design allows when that is smaller (the refusal of `compare`
-names this as the fix); the p-value then cannot fall below 1 / (1 + N), and the table says so.
-Any other refusal of `compare` (fewer than 2 shared seeds, different evaluation settings) is shown
-instead of a p-value.
+for an arm evaluated on every task. Significance is `detour.eval.significance.compare` (what
+`detour compare` prints) on the tasks both arms ran: the p of record is its paired sign-flip test
+(exact up to 2^20 sign patterns), whose floor 2 / 2^N the table states when it keeps the design
+from significance; per task, the sign-flip p with Holm's correction across the tasks. The 95%
+interval is the paired bootstrap's, with 10,000 resamples, or the number of distinct resamples the
+design allows when that is smaller (the refusal of `compare` names this as the fix). Any other
+refusal of `compare` (fewer than 2 shared seeds, different evaluation settings) is shown instead of
+a p-value.
 """
 
 from __future__ import annotations
@@ -61,18 +63,22 @@ class Significance:
     seeds: dict[str, int]  # task -> paired seeds
     delta: float | None = None  # mean over tasks of the mean paired difference, 0-1 scale
     ci: tuple[float, float] | None = None
-    p_value: float | None = None
-    resamples: int | None = None
+    p_value: float | None = None  # the sign-flip test's, pooled over tasks x seeds
+    resamples: int | None = None  # of the bootstrap interval
     distinct: int | None = None
     refused: str | None = None  # why no p-value
     notes: list[str] = field(default_factory=list)
+    test: str | None = None  # how p was counted and its floor (`compare`'s own line)
+    p_floor: float | None = None
+    task_p: dict[str, tuple[float, float]] = field(default_factory=dict)  # task -> (p, Holm p)
+    holm: str | None = None  # how the per-task p were counted, and what the seed count allows
 
     @property
     def significant(self) -> bool:
         return self.p_value is not None and self.p_value < ALPHA
 
     def floor(self) -> float | None:
-        return None if not self.resamples else 1 / (1 + self.resamples)
+        return self.p_floor
 
 
 def results_table(s: Study) -> ResultsTable | None:
@@ -103,7 +109,7 @@ def results_table(s: Study) -> ResultsTable | None:
 
 def compare_arms(s: Study, table: ResultsTable, arm: str, against: str) -> Significance:
     """`detour compare` of `arm` against `against` on the tasks both ran, through the library."""
-    from detour.eval.significance import compare, distinct_resamples, load_runs, pair_tasks
+    from detour.eval.significance import compare, describe_holm, describe_test, distinct_resamples, load_runs, pair_tasks
 
     tasks = [t for t in table.tasks if (arm, t) in table.cells and (against, t) in table.cells]
     out = Significance(arm, against, tasks, {})
@@ -126,6 +132,8 @@ def compare_arms(s: Study, table: ResultsTable, arm: str, against: str) -> Signi
         return out
     out.delta, out.ci, out.p_value = result.delta, (result.ci_low, result.ci_high), result.p_value
     out.resamples, out.distinct = result.resamples, result.distinct_resamples
+    out.test, out.p_floor, out.holm = describe_test(result), result.p_floor, describe_holm(result)
+    out.task_p = {t.task: (t.p_value, t.p_holm) for t in result.tasks}
     out.notes = list(result.unchecked)
     return out
 
