@@ -228,7 +228,7 @@ def test_cli_on_two_results_files(tmp_path, capsys):
     _results(tmp_path / "mlm.json", {"runs/mlm": base})
     out = tmp_path / "cmp" / "compare.json"
     argv = ["compare", str(tmp_path / "detour.json"), str(tmp_path / "mlm.json"), "--a", "detour", "--b", "mlm",
-            "--resamples", "500", "--seed", "3", "--tasks", "t1,t2", "--json", str(out)]
+            "--resamples", "500", "--seed", "3", "--tasks", "t1,t2", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "500 resamples, seed 3" in printed and "t1" in printed and "t3" not in printed
@@ -282,7 +282,7 @@ def test_one_seed_is_refused_and_allow_warns(tmp_path, capsys):
     assert "a sign-flip p of 1 (2 sign patterns, both as extreme) and a zero-width bootstrap interval" in err
     assert "--allow" in err
     # --allow: the number it refused to print, with the reason beside it, on stderr and in the JSON
-    assert main(argv + ["--allow", "--json", str(tmp_path / "cmp.json")]) == 0
+    assert main(argv + ["--allow", "--out", str(tmp_path / "cmp.json")]) == 0
     captured = capsys.readouterr()
     assert "WARNING: task t1: 1 seed shared" in captured.err and "WARNING: task t4: 1 seed" in captured.err
     data = json.loads((tmp_path / "cmp.json").read_text())
@@ -299,12 +299,16 @@ def test_few_distinct_resamples_is_refused_and_the_count_printed(tmp_path, capsy
     err = capsys.readouterr().err
     assert "only 9 distinct bootstrap resamples exist for 2 task(s) with 2, 2 seed(s) (C(3,2) x C(3,2))" in err
     assert "fewer than --resamples 10000" in err and "lower --resamples to 9" in err
-    assert main(argv + ["--resamples", "9", "--json", str(tmp_path / "cmp.json")]) == 0
+    assert main(argv + ["--resamples", "9", "--out", str(tmp_path / "cmp.json")]) == 0
     captured = capsys.readouterr()
     assert "9 distinct resamples possible" in captured.out and "WARNING" not in captured.err
     assert json.loads((tmp_path / "cmp.json").read_text())["distinct_resamples"] == 9
-    assert main(argv + ["--resamples", "9", "--json", str(tmp_path)]) == 2  # a folder, not a file
-    assert "is a folder; give a file name" in capsys.readouterr().err
+    assert main(argv + ["--resamples", "9", "--out", str(tmp_path)]) == 2  # a folder, not a file
+    assert "--out " in (err := capsys.readouterr().err) and "is a folder; give a file name" in err
+    # the flag's earlier spelling still works, with a warning, for one release
+    (tmp_path / "cmp.json").unlink()
+    assert main(argv + ["--resamples", "9", "--json", str(tmp_path / "cmp.json")]) == 0
+    assert "--json is now --out" in capsys.readouterr().err and (tmp_path / "cmp.json").is_file()
 
 
 def test_differing_evaluation_settings_are_refused(tmp_path, capsys):
@@ -324,7 +328,7 @@ def test_differing_evaluation_settings_are_refused(tmp_path, capsys):
                  "task t2: lr differs (A: 5e-05, B: 3e-05)", "task t3: data_sha256 differs (A: abababababab, B: cdcdcdcdcdcd)"):
         assert line in err
     assert "max_length differs" not in err and "epochs differs" not in err
-    assert main(argv + ["--allow", "--json", str(tmp_path / "cmp.json")]) == 0
+    assert main(argv + ["--allow", "--out", str(tmp_path / "cmp.json")]) == 0
     assert "WARNING: the two models were evaluated with different settings" in capsys.readouterr().err
     warnings = json.loads((tmp_path / "cmp.json").read_text())["warnings"]
     assert any("task t1: train_examples differs (A: 800, B: 256)" in w for w in warnings)
@@ -384,7 +388,7 @@ def test_sampled_patterns_and_standardise_from_the_cli(tmp_path, capsys):
     base = {f"t{i}": list(0.5 + rng.normal(0, 0.02, 7)) for i in range(4)}  # 28 differences: 2^28 patterns
     other = {t: [x + rng.normal(0.005, 0.02 * (1 + 5 * (t == "t0"))) for x in v] for t, v in base.items()}
     path = _results(tmp_path / "r.json", {"a": other, "b": base})
-    argv = ["compare", str(path), "--a", "a", "--b", "b", "--resamples", "1000", "--json", str(tmp_path / "c.json")]
+    argv = ["compare", str(path), "--a", "a", "--b", "b", "--resamples", "1000", "--out", str(tmp_path / "c.json")]
     assert main(argv + ["--patterns", "5000", "--seed", "4"]) == 0
     printed = capsys.readouterr().out
     assert "sampled: 5000 random sign patterns of the 2^28 = 268435456 (seed 4), p = (1 + #as extreme) / (1 + 5000)" in printed

@@ -3,7 +3,7 @@
     detour compare runs/eval/results.json --a detour-base --b mlm-base
     detour compare runs/eval/results.json detour-base mlm-base          # the same, positional
     detour compare detour/results.json mlm/results.json          # one model in each file: A, then B
-    detour compare results.json --a A --b B --tasks ncbi-disease,gad --metric micro_f1 --json cmp.json
+    detour compare results.json --a A --b B --tasks ncbi-disease,gad --metric micro_f1 --out cmp.json
     detour compare one-seed.json --a A --b B --allow    # compare anyway; the output carries WARNINGs
 
 Reads the `results.json` written by `detour eval` (schema `detour.eval/1`), from one file or several.
@@ -77,13 +77,15 @@ it prints, and `--allow` turns each refusal into a WARNING on stderr and in the 
   examples used (`data_sha256`), linear probe, epochs, example counts, max length, lr, batch size,
   label count. Settings an older results file did not record are named as not checkable.
 
-`--json OUT` writes the result with schema `detour.compare/2`: `p_value` is the sign-flip p and
+`--out FILE` writes the result with schema `detour.compare/2`: `p_value` is the sign-flip p and
 `p_method` says so, beside `exact`, `patterns`, `differences`, `p_floor` and `statistic`; each
 task carries its own `p_value`, `p_holm`, `p_floor`. In `detour.compare/1` (earlier versions)
 `p_value` was the bootstrap's; `read_comparison` reads both.
 """
 
 from __future__ import annotations
+
+import argparse
 
 import json
 import math
@@ -159,7 +161,7 @@ class Comparison:
 
 
 def read_comparison(path: Path) -> dict:
-    """A `--json` file of `detour compare`, in the fields of detour.compare/2.
+    """A `--out` file of `detour compare`, in the fields of detour.compare/2.
 
     A detour.compare/1 file (written before the sign-flip test) keeps its numbers; its `p_value`
     is the bootstrap's, which `p_method` "bootstrap-shift" says, and the sign-flip fields are None.
@@ -709,7 +711,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of sampled sign patterns (default 0)")
     parser.add_argument("--no-correction", action="store_true",
                         help="plain bootstrap, without the sqrt(n/(n-1)) small-sample correction")
-    parser.add_argument("--json", type=Path, dest="json_out", metavar="OUT", help="also write the result as JSON")
+    parser.add_argument("--out", type=Path, dest="json_out", metavar="FILE",
+                        help="also write the result as JSON to FILE (e.g. compare.json)")
+    # the flag's earlier name, kept working for one release: every other verb says --out
+    parser.add_argument("--json", type=Path, dest="json_deprecated", metavar="FILE", help=argparse.SUPPRESS)
     parser.add_argument("--allow", action="store_true",
                         help="compare even with fewer than 2 seeds a task, fewer distinct resamples than "
                         "--resamples, or differing evaluation settings; each becomes a WARNING (stderr and JSON)")
@@ -723,10 +728,15 @@ def run(args) -> int:
     result = compare(paths, a, b, tasks, args.metric, args.resamples, args.seed,
                      correction=not args.no_correction, allow=args.allow, patterns=args.patterns,
                      standardise=args.standardise)
-    if args.json_out is not None:  # an unwritable --json fails before anything is printed
+    if getattr(args, "json_deprecated", None) is not None:
+        from detour.notices import warn
+
+        warn("detour compare --json is now --out (--json still works in this release)")
+        args.json_out = args.json_out or args.json_deprecated
+    if args.json_out is not None:  # an unwritable --out fails before anything is printed
         if Path(args.json_out).is_dir():
-            raise DetourError(f"--json {args.json_out}: is a folder; give a file name such as {Path(args.json_out) / 'compare.json'}")
-        io.ensure_output_dir(Path(args.json_out).parent, "--json (its folder)")
+            raise DetourError(f"--out {args.json_out}: is a folder; give a file name such as {Path(args.json_out) / 'compare.json'}")
+        io.ensure_output_dir(Path(args.json_out).parent, "--out (its folder)")
     print_comparison(result)
     print_warnings(result)  # after the table, so they are the last thing on screen
     if args.json_out:
