@@ -478,3 +478,49 @@ def test_a_signal_while_results_are_written_stops_only_after_the_write(tmp_path)
     assert [r["seed"] for r in json.loads((tmp_path / "results.json").read_text())["runs"]] == [0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]
     assert signal.getsignal(signal.SIGTERM) != stop.handler  # the previous handler is back
+
+
+def test_a_log_file_hears_from_inside_an_epoch_and_results_name_the_model_as_typed(minilm, tmp_path):
+    """Stdout to a file: a step line at least every --log-every-seconds inside an epoch (here 0: after
+    every step), besides the epoch line; the alias minilm-l6 is the model's name in results.json/md."""
+    spec = write_task(tmp_path, "steps")
+    out, log = tmp_path / "out", tmp_path / "eval.log"
+    with open(log, "w") as fh:
+        done = subprocess.run([sys.executable, "-m", "detour.cli", "eval", "minilm-l6", "--task-spec", str(spec),
+                               "--seeds", "1", "--data-root", str(tmp_path), "--out", str(out),
+                               "--log-every-seconds", "0"], stdout=fh, stderr=subprocess.PIPE, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    steps = [int(m.group(1)) for line in lines
+             if (m := re.match(r"^minilm-l6 steps seed 0 epoch 1/1: step (\d+)/(\d+), loss \d+\.\d{4}, epoch ETA ", line))]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 2, lines  # 24 train examples, batches of 8
+    assert any(line.startswith("minilm-l6 steps seed 0 epoch 1/1: dev ") for line in lines)
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["model"] == "minilm-l6"  # as typed, not the package's site-packages folder
+    assert "| minilm-l6 |" in (out / "results.md").read_text()
+
+
+def test_dry_run_reports_every_finding_at_once_before_any_model_loads(tmp_path, capsys):
+    """A broken copy of a task: a 3-column line, an orphan I- tag and a label only the test split has.
+    --dry-run names all three in one go, exits 2, and writes nothing; a valid task says what would run."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.iob").write_text("the\tO\naspirin\tB-Drug\n\nthen\tO\nfever\tI-Sign\n\nbad\tline\tO\n\n"
+                                    "warfarin\tB-Drug\ngiven\tO\n")
+    (data / "test.iob").write_text("the\tO\nrash\tB-Sign\n\nheparin\tB-Drug\n\nnausea\tB-Symptom\n")
+    (data / "dev.iob").write_text("the\tO\nrash\tB-Sign\n\nheparin\tB-Drug\n")
+    spec = tmp_path / "broken.yaml"
+    spec.write_text("name: broken\ntype: ner\nformat: iob\ndata: {train: train.iob, validation: dev.iob, test: test.iob}\n")
+    out = tmp_path / "out"
+    argv = ["eval", "no-such-model-is-loaded", "--task-spec", str(spec), "--data-root", str(data), "--out", str(out)]
+    assert main(argv + ["--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{data / 'train.iob'}:7: 3 column(s), the spec reads 2" in err
+    assert "orphan I-/E- tag(s)" in err and "Symptom" in err and "never in train" in err
+    assert not out.exists()
+    (data / "train.iob").write_text((data / "train.iob").read_text().replace("bad\tline\tO\n", "bad\tO\n"))
+    (data / "test.iob").write_text((data / "test.iob").read_text().replace("nausea\tB-Symptom", "nausea\tB-Sign"))
+    assert main(["eval", "minilm-l6", *argv[2:], "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "task broken: " in said and "new: minilm-l6 broken seeds 0-4" in said and "5 run(s) would train" in said
+    assert not out.exists()

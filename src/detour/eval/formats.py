@@ -16,6 +16,8 @@ from __future__ import annotations
 import csv
 import re
 from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from detour.errors import DetourError
@@ -38,6 +40,29 @@ def read_split(spec: TaskSpec, split: str) -> list[dict]:
     if not examples:
         raise DetourError(f"task {spec.name}: no examples read from {path}")
     return examples
+
+
+# Inside `collecting_line_errors`, a reader notes a malformed line and reads on: one pass then finds
+# every problem of a file, and the readers' warnings and the label checks still run on the rest.
+_LINE_ERRORS: ContextVar[list[str] | None] = ContextVar("line_errors", default=None)
+
+
+@contextmanager
+def collecting_line_errors():
+    """The malformed lines the readers meet inside the block, as messages; the caller raises them."""
+    token = _LINE_ERRORS.set([])
+    try:
+        yield _LINE_ERRORS.get()
+    finally:
+        _LINE_ERRORS.reset(token)
+
+
+def bad_line(message: str) -> None:
+    """A malformed line: DetourError at once, or noted when the lines' errors are being collected."""
+    errors = _LINE_ERRORS.get()
+    if errors is None:
+        raise DetourError(message)
+    errors.append(message)
 
 
 def _lines(path: Path):
@@ -130,13 +155,13 @@ def _read_iob_file(path: Path, spec: TaskSpec, orphans: list[str]) -> list[dict]
             doc += 1
             continue
         if len(parts) != columns:
-            raise DetourError(
-                f"{path}:{n}: {len(parts)} column(s), the spec reads {columns} (options.columns; token first, tag "
-                f"last): {line!r}"
-            )
+            bad_line(f"{path}:{n}: {len(parts)} column(s), the spec reads {columns} (options.columns; token first, "
+                     f"tag last): {line!r}")
+            continue
         tag = parts[-1].strip()
         if tag != "O" and not TAG.match(tag):
-            raise DetourError(f"{path}:{n}: tag {tag!r} is not O or B-/I-/E-/S-<type>")
+            bad_line(f"{path}:{n}: tag {tag!r} is not O or B-/I-/E-/S-<type>")
+            continue
         tokens.append(parts[0])
         tags.append(tag)
         lines.append(n)

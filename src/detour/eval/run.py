@@ -17,7 +17,10 @@ kept, unless they would end up in one table beside runs made with other settings
 before any training, naming the runs and how to include them.
 
 Progress: one line per epoch on stdout, flushed (so `detour eval ... > log.txt` shows it): model,
-task, seed, epoch i/N, the validation headline, the epoch's time and the run's ETA.
+task, seed, epoch i/N, the validation headline, the epoch's time and the run's ETA; when stdout
+is not a terminal, also a line at least every --log-every-seconds (30) inside an epoch: step,
+loss and the epoch's ETA. `--dry-run` reads and checks every task, reporting every finding at
+once, and says which runs would be reused or run, before any model loads.
 
 Resume: after every epoch the training state is saved in OUT/epoch-checkpoints (atomically; see
 detour.eval.finetune); rerunning resumes an interrupted seed at its next epoch, with the result an
@@ -80,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--list-tasks", action="store_true", help="list the shipped tasks and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="read and check every task (all findings at once) and say which runs would be reused "
+                             "or run; load no model, train nothing, write nothing")
+    parser.add_argument("--log-every-seconds", type=float, default=30.0, metavar="S",
+                        help="when stdout is not a terminal, a progress line at least every S seconds inside an "
+                             "epoch (default 30), besides the line at each epoch's end")
 
 
 def _specs(args):
@@ -234,10 +243,10 @@ def run(args) -> int:
         return 0
     if not args.models:
         raise DetourError("give at least one MODEL (an encoder folder or hub name)")
-    from detour.paths import resolve_model_ref
     from detour.stop import RESUMABLE_EXIT
 
-    args.models = [resolve_model_ref(m) for m in args.models]  # aliases such as minilm-l6
+    # Models keep the names the user typed (an alias such as minilm-l6 too): results.json and
+    # results.md name them so; every loader resolves an alias to its folder.
     if args.seeds < 1:
         raise DetourError("--seeds must be >= 1")
     if args.threads:
@@ -247,6 +256,8 @@ def run(args) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     specs = _specs(args)
     budget = Budget(args.epochs, args.max_train, args.max_eval, args.max_length, args.lr, args.batch_size)
+    if args.dry_run:
+        return _dry_run(args, specs, budget)
     total = len(args.models) * len(specs) * args.seeds
     stop, state = _Stop(), {"doing": "starting", "finished": 0, "saved_epoch": None, "checkpoint": None}
     try:
@@ -269,6 +280,36 @@ def run(args) -> int:
               file=sys.stderr)
         return RESUMABLE_EXIT
     print(f"results: {out_dir / 'results.json'} and results.md")
+    return 0
+
+
+def _options(args) -> dict:
+    """The command-line options that are part of every run's key (None: the spec's value)."""
+    return {"epochs": args.epochs, "max_train": args.max_train, "max_eval": args.max_eval,
+            "max_length": args.max_length, "lr": args.lr, "batch_size": args.batch_size,
+            "linear_probe": bool(args.linear_probe)}
+
+
+def _dry_run(args, specs, budget: Budget) -> int:
+    """Every check that needs no model, and the runs a real command would reuse or do; nothing written."""
+    from detour.model.load import weights_hash
+
+    every_split = validate_tasks(specs, budget)  # every finding of every task, warnings included
+    results = Results.open(Path(args.out))  # read only: --out is not created
+    weights = {model: weights_hash(model) for model in args.models}
+    tasks = []
+    for spec in specs:
+        splits = every_split[spec.name]
+        _say(f"task {spec.name}: " + ", ".join(f"{len(splits[k])} {k}" for k in ("train", "validation", "test"))
+             + f" examples ({spec.type}, {spec.format})")
+        setting = setting_of({"spec": spec_record(spec), "data_sha256": examples_sha256(capped_examples(splits, budget)),
+                              "options": _options(args)})
+        tasks.append(TaskPlan(spec, None, setting))
+    _, todo, report = _reuse_or_run(tasks, args.models, list(range(args.seeds)), weights, results)
+    for label in ("reused", "rerun", "new"):
+        for line in _groups(report[label]):
+            _say(f"{label}: {line}")
+    _say(f"dry run: the tasks are valid; {len(todo)} run(s) would train, into {Path(args.out) / 'results.json'}")
     return 0
 
 
@@ -296,9 +337,7 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
     for model in args.models:
         state["doing"] = f"hashing the weights of {display_name(model)}"
         weights[model] = weights_hash(model)
-    options = {"epochs": args.epochs, "max_train": args.max_train, "max_eval": args.max_eval,
-               "max_length": args.max_length, "lr": args.lr, "batch_size": args.batch_size,
-               "linear_probe": bool(args.linear_probe)}
+    options = _options(args)
     tasks: list[TaskPlan] = []
     for spec in specs:
         splits = every_split.pop(spec.name)
@@ -452,8 +491,23 @@ def _run_seed(args, spec, model, seed, key, prep, weights, results, checkpoints,
     per_epoch = steps // prep.epochs
     bar = progress.add_task(name, total=steps, completed=resume_epoch * per_epoch, loss=float("nan"))
     started, epoch_times = time.time(), []
+    lines = {"done": resume_epoch * per_epoch, "epoch_start": time.monotonic(), "last": time.monotonic()}
+
+    def on_step(loss):
+        progress.update(bar, advance=1, loss=loss)
+        lines["done"] += 1
+        now = time.monotonic()
+        if progress.disable and now - lines["last"] >= args.log_every_seconds:
+            # a log file hears from a long epoch before it ends (a terminal has the bar)
+            in_epoch = (lines["done"] - 1) % per_epoch + 1 if per_epoch else 0
+            rate = in_epoch / (now - lines["epoch_start"])
+            left = (per_epoch - in_epoch) / rate if rate > 0 else 0.0
+            _say(f"{name} epoch {(lines['done'] - 1) // per_epoch + 1}/{prep.epochs}: step {in_epoch}/{per_epoch}, "
+                 f"loss {loss:.4f}, epoch ETA {_duration(left)}")
+            lines["last"] = now
 
     def on_epoch(info):
+        lines["epoch_start"] = lines["last"] = time.monotonic()
         state["saved_epoch"] = info["epoch"]
         epoch_times.append(info["seconds"])
         left = (info["epochs"] - info["epoch"]) * sum(epoch_times) / len(epoch_times)
@@ -462,7 +516,7 @@ def _run_seed(args, spec, model, seed, key, prep, weights, results, checkpoints,
 
     try:
         out = finetune(model, prep, seed, args.linear_probe, args.device,
-                       on_step=lambda loss: progress.update(bar, advance=1, loss=loss), on_epoch=on_epoch,
+                       on_step=on_step, on_epoch=on_epoch,
                        checkpoint=path, checkpoint_key=json.dumps(key, sort_keys=True))
     except BaseException:
         if not path.exists():

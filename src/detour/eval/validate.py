@@ -86,14 +86,25 @@ def validate_tasks(specs: list[TaskSpec], budget=None) -> dict[str, dict[str, li
 
     Returns task name -> {"train", "validation", "test"} -> examples.
     """
+    from detour.eval.formats import collecting_line_errors
     from detour.eval.splits import load_splits
 
     problems, out = [], {}
     for spec in specs:
         try:
             check_spec(spec)
-            splits = load_splits(spec)
-            check_splits(spec, splits, budget)
+            with collecting_line_errors() as bad_lines:
+                try:
+                    splits = load_splits(spec)
+                except DetourError as exc:  # e.g. no example left: say it after the lines that caused it
+                    raise DetourError("\n".join(_first(bad_lines) + [str(exc)])) from None
+            found = _first(bad_lines)
+            try:
+                check_splits(spec, splits, budget)  # its warnings too, on the lines that did read
+            except DetourError as exc:
+                found.append(str(exc))
+            if found:
+                raise DetourError("\n".join(found))
             out[spec.name] = splits
         except DetourError as exc:
             problems.append(str(exc))
@@ -102,3 +113,9 @@ def validate_tasks(specs: list[TaskSpec], budget=None) -> dict[str, dict[str, li
     if problems:
         raise DetourError(f"{len(problems)} tasks have problems:\n" + "\n".join(problems))
     return out
+
+
+def _first(messages: list[str], limit: int = 20) -> list[str]:
+    """At most `limit` messages, and how many more there were."""
+    return messages[:limit] + ([f"... and {len(messages) - limit} more malformed line(s)"] if len(messages) > limit else [])
+
