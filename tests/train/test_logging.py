@@ -161,15 +161,29 @@ def _scalars(folder: Path) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
 
 
-def test_tensorboard_gets_every_step_tagged_by_phase(tensorboard_run):
+def _run_tokens(records: list[dict], recipe_json: Path) -> list[int]:
+    phases = json.loads(recipe_json.read_text())["phases"]
+    offsets = {p["name"]: sum(q["tokens"] for q in phases[:i]) for i, p in enumerate(phases)}
+    return [offsets[r["phase"]] + r["tokens"] for r in records]
+
+
+def test_tensorboard_gets_one_curve_per_quantity_across_phases_on_the_token_axis(tensorboard_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     scalars = _scalars(tensorboard_run / "tensorboard")
     records = read_metrics(tensorboard_run / "metrics.jsonl")
     names = ("loss", "lr", "grad_norm", "tokens_per_s")
-    assert set(scalars) == {f"{name}/{phase}" for name in names for phase in ("clm", "decay")}
-    for phase in ("clm", "decay"):
-        rows = [r for r in records if r["phase"] == phase]
-        for name in names:
-            assert scalars[f"{name}/{phase}"] == pytest.approx({r["global_step"]: r[name] for r in rows}, rel=1e-6)
+    assert set(scalars) == set(names)  # one tag per quantity: the CLM -> MLM switch is inside one curve
+    tokens = _run_tokens(records, tensorboard_run / "recipe.json")
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(records)
+    for name in names:
+        assert scalars[name] == pytest.approx({t: r[name] for t, r in zip(tokens, records)}, rel=1e-6)
+    events = EventAccumulator(str(tensorboard_run / "tensorboard"))
+    events.Reload()
+    starts = [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors("phase/text_summary")]
+    clm_end = max(t for t, r in zip(tokens, records) if r["phase"] == "clm")
+    assert [s for s, _ in starts] == [tokens[0], min(t for t in tokens if t > clm_end)]
+    assert starts[0][1].startswith("clm (clm) from 0 tokens") and starts[1][1].startswith(f"decay (mlm) from {clm_end:,}")
 
 
 def test_a_branch_tensorboard_starts_with_its_parents_steps(tensorboard_run, tiny_recipe, tmp_path):
@@ -177,9 +191,13 @@ def test_a_branch_tensorboard_starts_with_its_parents_steps(tensorboard_run, tin
                         "branch.after_phase=clm", "phases.1.tokens=512")
     train(child, tmp_path / "child", progress=False)
     parent, mine = _scalars(tensorboard_run / "tensorboard"), _scalars(tmp_path / "child" / "tensorboard")
-    assert mine["loss/clm"] == parent["loss/clm"]  # copied from the parent's metrics.jsonl, as that file is
-    decay = [r for r in read_metrics(tmp_path / "child" / "metrics.jsonl") if r["phase"] == "decay"]
-    assert mine["loss/decay"] == pytest.approx({r["global_step"]: r["loss"] for r in decay}, rel=1e-6)
+    records = read_metrics(tmp_path / "child" / "metrics.jsonl")
+    tokens = _run_tokens(records, tmp_path / "child" / "recipe.json")
+    clm = {t for t, r in zip(tokens, records) if r["phase"] == "clm"}
+    assert {t: v for t, v in mine["loss"].items() if t in clm} == {t: v for t, v in parent["loss"].items() if t in clm}
+    decay = [(t, r) for t, r in zip(tokens, records) if r["phase"] == "decay"]
+    assert {t: v for t, v in mine["loss"].items() if t not in clm} == pytest.approx({t: r["loss"] for t, r in decay},
+                                                                                     rel=1e-6)
     assert len(decay) == 2
 
 
@@ -245,9 +263,10 @@ def test_wandb_offline_writes_its_run_folder(tiny_recipe, tmp_path, monkeypatch)
     history = {row["_step"]: row for row in _wandb_history(runs[0] / f"run-{run_id}.wandb")}
     records = read_metrics(out / "metrics.jsonl")
     assert sorted(history) == [r["global_step"] for r in records]
-    for r in records:
-        assert history[r["global_step"]][f"loss/{r['phase']}"] == pytest.approx(r["loss"])
-        assert history[r["global_step"]][f"grad_norm/{r['phase']}"] == pytest.approx(r["grad_norm"])
+    for r, tokens in zip(records, _run_tokens(records, out / "recipe.json")):
+        row = history[r["global_step"]]
+        assert row["loss"] == pytest.approx(r["loss"]) and row["grad_norm"] == pytest.approx(r["grad_norm"])
+        assert row["tokens"] == tokens and row["phase_index"] == (0 if r["phase"] == "clm" else 1)
 
 
 @pytest.mark.parametrize("tracker", ["tensorboard", "wandb"])

@@ -4,9 +4,13 @@
     tensorboard --logdir runs/          # finds every RUN/tensorboard/ below, one run each
     WANDB_MODE=offline detour train recipes/tiny-modernbert.yaml --out runs/tiny --report-to wandb
 
-Each step logs loss/PHASE, lr/PHASE, grad_norm/PHASE and tokens_per_s/PHASE at the global step: the
-numbers of metrics.jsonl, which stays the record. TensorBoard writes RUN/tensorboard/, Weights &
-Biases RUN/wandb/ (project `logging.wandb_project`, default detour; run name the recipe's name).
+Each step logs loss, lr, grad_norm and tokens_per_s, one tag each for the whole run, against the
+tokens the run has trained (the x axis), so one loss curve runs from the CLM phase through the MLM
+decay: the numbers of metrics.jsonl, which stays the record. TensorBoard marks where each phase
+begins with a text entry `phase` at that token count; Weights & Biases gets `tokens` (the charts'
+x axis, through define_metric) and `phase_index` beside the values, at the global step.
+TensorBoard writes RUN/tensorboard/, Weights & Biases RUN/wandb/ (project `logging.wandb_project`,
+default detour; run name the recipe's name).
 
 A tracker that starts without the earlier steps of the run (a fresh branch, whose metrics.jsonl
 begins with its parent's records, or a resume that adds a tracker) first gets every record
@@ -41,8 +45,18 @@ def check_available(names) -> None:
 
 
 def scalars(record: dict) -> dict[str, float]:
-    """One metrics.jsonl record as tracker values, tagged by phase."""
-    return {f"{key}/{record['phase']}": float(record[key]) for key in SCALARS if record.get(key) is not None}
+    """One metrics.jsonl record as tracker values: one tag per quantity, whatever the phase, so one
+    loss curve runs through the CLM -> MLM switch (the phases are marked apart, see Trackers)."""
+    return {key: float(record[key]) for key in SCALARS if record.get(key) is not None}
+
+
+def phase_offsets(recipe) -> dict[str, int]:
+    """The tokens of the run before each phase begins: the x axis of the trackers is the run's tokens."""
+    offsets, total = {}, 0
+    for phase in recipe.phases:
+        offsets[phase.name] = total
+        total += phase.tokens
+    return offsets
 
 
 class Trackers:
@@ -58,6 +72,9 @@ class Trackers:
         self.names = list(recipe.logging.report_to) if enabled else []
         self._tensorboard = None
         self._wandb = None
+        self._offsets = phase_offsets(recipe)
+        self._index = {p.name: i for i, p in enumerate(recipe.phases)}
+        self._last_phase: str | None = None
 
     def __enter__(self):
         from detour.runs import read_metrics
@@ -81,15 +98,24 @@ class Trackers:
     def log(self, records: list[dict]) -> None:
         self._send(records, self._tensorboard, self._wandb)
 
-    @staticmethod
-    def _send(records: list[dict], tensorboard, wandb_run) -> None:
+    def run_tokens(self, record: dict) -> int:
+        """The tokens the run had trained when `record` was written (its phase's offset plus its own)."""
+        return self._offsets.get(record["phase"], 0) + int(record["tokens"])
+
+    def _send(self, records: list[dict], tensorboard, wandb_run) -> None:
         for record in records:
-            values = scalars(record)
+            values, tokens = scalars(record), self.run_tokens(record)
+            starts = record["phase"] != self._last_phase
+            self._last_phase = record["phase"]
             if tensorboard is not None:
                 for tag, value in values.items():
-                    tensorboard.add_scalar(tag, value, record["global_step"])
+                    tensorboard.add_scalar(tag, value, tokens)
+                if starts:  # a marker where each phase begins, on the same token axis
+                    tensorboard.add_text("phase", f"{record['phase']} ({record.get('objective', '')}) from "
+                                                  f"{tokens - int(record['tokens']):,} tokens", tokens)
             if wandb_run is not None:
-                wandb_run.log(values, step=record["global_step"])
+                wandb_run.log({**values, "tokens": tokens, "phase_index": self._index.get(record["phase"], -1)},
+                              step=record["global_step"])
 
     def _open_tensorboard(self, earlier: list[dict]) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -98,7 +124,9 @@ class Trackers:
         continues = bool(earlier) and folder.is_dir() and any(folder.glob("events.out.tfevents.*"))
         # purge_step hides the events an earlier process wrote from that step on: on a resume the steps
         # after the checkpoint (redone now); on a fresh start anything a failed earlier start left.
-        first = earlier[-1]["global_step"] + 1 if continues else 1
+        first = self.run_tokens(earlier[-1]) + 1 if continues else 1
+        if continues:
+            self._last_phase = earlier[-1]["phase"]
         self._tensorboard = SummaryWriter(log_dir=str(folder), purge_step=first)
         if not continues:
             self._send(earlier, self._tensorboard, None)
@@ -116,5 +144,7 @@ class Trackers:
         id_file.write_text(run_id + "\n")
         self._wandb = wandb.init(project=self.recipe.logging.wandb_project or "detour", name=self.recipe.name,
                                  id=run_id, resume="allow", dir=str(self.out), config=recipe_to_dict(self.recipe))
+        self._wandb.define_metric("tokens")
+        self._wandb.define_metric("*", step_metric="tokens")  # the charts' x axis: the run's tokens
         if not continues:
             self._send(earlier, None, self._wandb)
