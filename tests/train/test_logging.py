@@ -312,3 +312,15 @@ def test_no_transformers_bars_in_a_pretrained_run_and_its_settings_restored(mini
     err = capfd.readouterr().err
     assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
     assert "Writing model shards" not in err and "LOAD REPORT" not in err.upper()
+
+
+def test_device_flag_sets_the_recipes_device_for_every_arm(synthetic_data, capsys):
+    args = ["twins", str(RECIPES / "tiny-modernbert.yaml"), "--out", "unused", "--dry-run", "--device", "cpu"]
+    for s in [f"data.sources=[{synthetic_data}]", *TINY]:
+        args += ["--set", s]
+    assert detour(args) == 0
+    assert capsys.readouterr().out.count("device: cpu") == 2  # both arms carry it
+    with pytest.raises(SystemExit) as exc:
+        detour(["train", "r.yaml", "--out", "x", "--device", "tpu"])
+    assert exc.value.code == 2 and "invalid choice: 'tpu'" in capsys.readouterr().err
+

@@ -41,6 +41,15 @@ class _ReportTo(argparse.Action):
         namespace.overrides = overrides
 
 
+class _Device(argparse.Action):
+    """`--device cuda` is `--set device=cuda`: one flag for the device in every verb, a field in the recipe."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        overrides = list(getattr(namespace, "overrides", None) or [])  # a copy: never the shared default list
+        overrides.append(f"device={values}")
+        namespace.overrides = overrides
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="YAML recipe (see recipes/)")
     parser.add_argument("--out", required=True, help="run folder (checkpoints, metrics.jsonl, exports)")
@@ -53,6 +62,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-to", action=_ReportTo, metavar="TRACKER",
                         help="also send every step's loss, lr, grad_norm and tokens/s to tensorboard "
                              "(RUN/tensorboard/) and/or wandb (RUN/wandb/), comma-separated; sets logging.report_to")
+    parser.add_argument("--device", action=_Device, choices=("auto", "cpu", "cuda"),
+                        help="where to train: auto (cuda when available), cpu or cuda; sets the recipe's device, "
+                             "as --device does for eval and needle")
     parser.add_argument("--from", dest="from_run", metavar="RUN_DIR",
                         help="start from RUN_DIR's checkpoint at the end of --after-phase (weights, AdamW moments, "
                              "sampler and RNG states carried); the recipe must match the parent's up to that phase")
