@@ -60,7 +60,12 @@ for wheel in sys.argv[1:]:
 EOF
   )
   if [ "${#needed[@]}" -gt 0 ]; then
-    "$PYTHON" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$site" "${needed[@]}"
+    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+      "$PYTHON" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$site" "${needed[@]}"
+    else  # an image without pip: a wheel is a zip laid out as site-packages
+      "$PYTHON" -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" \
+        "$site" "${needed[@]}"
+    fi
     echo "installed from .whl/ into a temporary folder: $(printf '%s ' "${needed[@]##*/}")"
   fi
 fi
