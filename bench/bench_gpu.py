@@ -344,8 +344,10 @@ def run_train(args, device: str, architecture: dict | None = None) -> dict:
     try:
         data, run = work / "data", work / "run"
         t0 = time.perf_counter()
-        rc = detour(["prepare", f"synthetic:clinical?docs={args.train_docs}&seed=0", "--tokenizer", tokenizer,
-                     "--out", str(data), "--workers", str(min(8, os.cpu_count() or 1))])
+        # its own process: prepare's workers fork, which this one (CUDA up, torch's threads) should not
+        rc = subprocess.run([sys.executable, "-m", "detour.cli", "prepare",
+                             f"synthetic:clinical?docs={args.train_docs}&seed=0", "--tokenizer", tokenizer,
+                             "--out", str(data), "--workers", str(min(8, os.cpu_count() or 1))]).returncode
         if rc != 0:
             raise SystemExit(f"bench_gpu: detour prepare exited {rc}")
         prepare_s = time.perf_counter() - t0
@@ -413,7 +415,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-seq-len", type=int, default=8192)
     parser.add_argument("--train-global-sequences", type=int, default=4)
     parser.add_argument("--train-micro-batch", type=int, default=2)
-    parser.add_argument("--train-docs", type=int, default=2000, help="documents of the synthetic corpus (it repeats)")
+    parser.add_argument("--train-docs", type=int,
+                        help="documents of the synthetic corpus, which repeats (default 2000; 500 with --quick)")
     parser.add_argument("--train-procs", type=int, help="processes, one GPU each (default: 2 when 2+ GPUs, else 1)")
     parser.add_argument("--strategy", choices=("fsdp", "ddp"), default="fsdp", help="with 2+ processes")
     parser.add_argument("--tokenizer", help="tokenizer folder of the training run (default: MiniLM's)")
@@ -427,6 +430,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.parts = [p for p in PARTS if p in parts]
     if args.train_steps is None:
         args.train_steps = 20 if args.quick else 200
+    if args.train_docs is None:
+        args.train_docs = 500 if args.quick else 2000
     if args.train_steps < 2:
         parser.error("--train-steps: at least 2 (a CLM step and a decay step)")
     if args.quick:

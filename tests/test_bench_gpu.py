@@ -63,6 +63,7 @@ def test_arguments_defaults_quick_and_parts(bench_gpu):
     assert (args.warmup, args.rounds, args.steps_per_round) == (3, 4, 4)
     quick = bench_gpu.parse_args(["--quick", "--parts", "train,attention"])
     assert (quick.warmup, quick.rounds, quick.steps_per_round, quick.train_steps) == (1, 2, 1, 20)
+    assert (args.train_docs, quick.train_docs) == (2000, 500)
     assert quick.parts == ["attention", "train"]  # always in this order
     assert bench_gpu.parse_args(["--quick", "--train-steps", "50"]).train_steps == 50
     for bad in (["--parts", "kernels"], ["--train-steps", "1"]):
