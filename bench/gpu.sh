@@ -15,12 +15,13 @@
 #   1/4 versions    python, torch, CUDA, transformers, tokenizers, GPU             30 s /  30 s
 #   2/4 tests       pytest tests/model/test_varlen.py (the CUDA kernel test too)  120 s /  50 s
 #   3/4 attention   bench_gpu.py --parts attention: sdpa-dense vs varlen, seq 8192 150 s /  40 s
-#   4/4 train       bench_gpu.py --parts train: 200 (quick 20) steps, detour train 180 s /  60 s
-#   in all                                                                        480 s / 180 s
+#   4/4 train       bench_gpu.py --parts train: 200 (quick 20) steps, detour train 180 s /  55 s
+#   in all (and a few seconds to unpack .whl/)                                    480 s / 175 s
 # The output folder gets versions.txt, tests.log, tests.xml, attention.json/.log, train.json/.log.
 # Exit status: 2 without a CUDA device (after the versions), 1 when a step failed or ran out of
 # time, 0 when every step passed.
 set -euo pipefail
+caller="$PWD"
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
 
@@ -33,6 +34,7 @@ while [ $# -gt 0 ]; do
     *) pass+=("$1"); shift ;;
   esac
 done
+[ -n "$out" ] && [ "${out#/}" = "$out" ] && out="$caller/$out"  # --out is relative to where gpu.sh was started
 OUT_DIR="${out:-${OUT:-bench/results/gpu-$(date -u +%Y%m%d-%H%M%S)}}"
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
@@ -76,7 +78,7 @@ if [ -z "${DETOUR_TEST_TOKENIZER:-}" ] && [ -d .whl/minilm-tokenizer ]; then
 fi
 
 # the limits of the table above; LIMIT_<STEP> (seconds) moves one, e.g. on a slower GPU
-if [ "$quick" = 1 ]; then t_tests=50 t_attention=40 t_train=60; else t_tests=120 t_attention=150 t_train=180; fi
+if [ "$quick" = 1 ]; then t_tests=50 t_attention=40 t_train=55; else t_tests=120 t_attention=150 t_train=180; fi
 t_versions="${LIMIT_VERSIONS:-30}" t_tests="${LIMIT_TESTS:-$t_tests}"
 t_attention="${LIMIT_ATTENTION:-$t_attention}" t_train="${LIMIT_TRAIN:-$t_train}"
 limit() { timeout --kill-after=10 "$@"; }
