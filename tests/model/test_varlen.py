@@ -28,12 +28,12 @@ CONFIGS = {"modernbert": tiny_modernbert_config(), "bert": TINY_BERT, "roberta":
 
 
 @pytest.fixture(scope="module")
-def varlen_models(minilm):
+def varlen_models(tokenizer_dir):
     cache = {}
 
     def get(kind: str):
         if kind not in cache:
-            model, _ = load_mlm_model(config=CONFIGS[kind], tokenizer=minilm, attn_implementation="varlen", seed=0)
+            model, _ = load_mlm_model(config=CONFIGS[kind], tokenizer=tokenizer_dir, attn_implementation="varlen", seed=0)
             assert model.config._attn_implementation == varlen.NAME
             cache[kind] = model.train()  # every dropout of these configs is 0
         return cache[kind]
@@ -146,11 +146,11 @@ class LargestOutput(TorchDispatchMode):
         return out
 
 
-def test_no_tensor_of_length_squared_elements_on_the_varlen_path(minilm):
+def test_no_tensor_of_length_squared_elements_on_the_varlen_path(tokenizer_dir):
     length = 4096
     config = {**tiny_modernbert_config(), "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 2,
               "num_hidden_layers": 2, "global_attn_every_n_layers": 2}  # one global, one sliding layer
-    model, _ = load_mlm_model(config=config, tokenizer=minilm, attn_implementation="varlen", seed=0)
+    model, _ = load_mlm_model(config=config, tokenizer=tokenizer_dir, attn_implementation="varlen", seed=0)
     model.eval()
     batch = batch_for(model, [[1500, 1200, 900, 400]], length)  # then 96 padding positions
     with torch.no_grad():
@@ -166,7 +166,7 @@ def test_no_tensor_of_length_squared_elements_on_the_varlen_path(minilm):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen flash kernel runs on CUDA only")
 @pytest.mark.parametrize("objective", ["clm", "mlm"])
 @pytest.mark.parametrize("kind", ["modernbert", "bert"])
-def test_cuda_kernel_in_bf16_is_as_close_to_fp32_as_dense_bf16(minilm, monkeypatch, kind, objective):
+def test_cuda_kernel_in_bf16_is_as_close_to_fp32_as_dense_bf16(tokenizer_dir, monkeypatch, kind, objective):
     """bf16 tolerance: the kernel's distance to the fp32 dense result is at most twice the dense bf16
     path's distance, plus 1e-3 (hidden states, mean loss, gradients relative to their norm). A wrong
     boundary, window or causality moves results by O(1), far outside it."""
@@ -175,7 +175,7 @@ def test_cuda_kernel_in_bf16_is_as_close_to_fp32_as_dense_bf16(minilm, monkeypat
 
     real = torch_varlen.varlen_attn
     monkeypatch.setattr(torch_varlen, "varlen_attn", lambda *a, **k: kernel_calls.append(1) or real(*a, **k))
-    model, _ = load_mlm_model(config=CONFIGS[kind], tokenizer=minilm, attn_implementation="varlen", seed=0,
+    model, _ = load_mlm_model(config=CONFIGS[kind], tokenizer=tokenizer_dir, attn_implementation="varlen", seed=0,
                               device="cuda")
     model = model.cuda().train()
     batch = {k: v.cuda() for k, v in batch_for(model).items()}
@@ -197,7 +197,7 @@ def test_cuda_kernel_in_bf16_is_as_close_to_fp32_as_dense_bf16(minilm, monkeypat
         assert mine <= 2 * theirs + 1e-3, (distances(ours), distances(dense))
 
 
-def test_auto_is_sdpa_off_cuda_and_varlen_warns_once_on_the_cpu(minilm, caplog):
+def test_auto_is_sdpa_off_cuda_and_varlen_warns_once_on_the_cpu(caplog):
     from transformers import ModernBertConfig
 
     config = ModernBertConfig(**{k: v for k, v in tiny_modernbert_config().items() if k != "model_type"})
@@ -219,11 +219,11 @@ def test_bad_attention_choices_name_the_recipe_field(minilm):
     assert resolve_attn_implementation("auto", load_mlm_model(minilm)[0].config, device="cpu") == "sdpa"
 
 
-def test_cli_trains_the_tiny_recipe_with_varlen_as_with_sdpa(minilm, tmp_path, reference_calls):
+def test_cli_trains_the_tiny_recipe_with_varlen_as_with_sdpa(tokenizer_dir, tmp_path, reference_calls):
     data = tmp_path / "data"
-    assert detour(["prepare", "synthetic:clinical?docs=30&seed=0", "--tokenizer", str(minilm), "--out", str(data),
-                   "--workers", "1"]) == 0
-    sets = [f"data.sources=[{data}]", "model.config.hidden_size=32", "model.config.intermediate_size=48",
+    assert detour(["prepare", "synthetic:clinical?docs=30&seed=0", "--tokenizer", str(tokenizer_dir), "--out",
+                   str(data), "--workers", "1"]) == 0
+    sets = [f"data.sources=[{data}]", f"model.tokenizer={tokenizer_dir}", "model.config.hidden_size=32", "model.config.intermediate_size=48",
             "model.config.num_attention_heads=2", "model.config.local_attention=16", "data.seq_len=64",
             "batch.global_sequences=2", "batch.micro_batch=2", "phases.0.tokens=512", "phases.0.lr.warmup_tokens=128",
             "phases.1.tokens=256", "checkpoint.every_tokens=100k"]
