@@ -132,3 +132,37 @@ def test_a_checkpoint_saved_for_other_settings_is_refused(tmp_path, minilm_token
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(DetourError, match="not a readable epoch checkpoint"):
         finetune(model, prep, seed=0, device="cpu", checkpoint=path, checkpoint_key="lr=1e-3")
+
+
+def test_the_optimizer_is_the_fused_adamw_with_the_plain_loops_update(tmp_path, minilm_tokenizer):
+    """The fused kernel (the fast path) computes AdamW's update: equal to the per-tensor loop's."""
+    from detour.eval.finetune import _optimizer, build_model
+
+    model_dir = tiny_modernbert_folder(tmp_path, minilm_tokenizer)
+    prep = prepare_task(cls_spec(tmp_path), model_dir, Budget())
+    models = [build_model(model_dir, prep, linear_probe=False) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    fused = _optimizer(models[0], 1e-3, 1e-2, 0.01)
+    assert fused.defaults["fused"] is True
+    plain = torch.optim.AdamW([{**g, "params": [dict(models[1].named_parameters())[n] for n in names]}
+                               for g, names in zip(fused.param_groups, _group_names(models[0], fused))],
+                              foreach=False)
+    from detour.eval.finetune import collate
+
+    batch = collate(prep.features["train"][:8], prep.pad_id)
+    for model in models:
+        model.eval()  # no dropout: both see the same gradients, so only the optimizers may differ
+    for _ in range(3):
+        for model, opt in zip(models, (fused, plain)):
+            _, loss = model(batch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    for (name, a), (_, b) in zip(models[0].named_parameters(), models[1].named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert any(g["lr"] == 1e-2 for g in fused.param_groups)  # the head's own rate kept its group
+
+
+def _group_names(model, optimizer) -> list[list[str]]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
