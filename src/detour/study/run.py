@@ -210,16 +210,16 @@ def clear_stale(step: Step, out: Path) -> None:
 
 def _act(step: Step, spec: StudySpec, out: Path) -> None:
     if step.kind == "streams":
-        from detour.train.twins import compare_arms, describe_checks
+        from detour.train.twins import check_failures, compare_arms, describe_checks
 
         summaries = {s.split(":", 1)[1]: json.loads((out / "arms" / s.split(":", 1)[1] / "summary.json").read_text())
                      for s in step.deps}
         report = compare_arms(summaries)
         write_json(out / "twins.json", report)
         print(f"  checks: {describe_checks(report['checks'])}")
-        if not all(report["checks"].values()):
-            raise DetourError(f"the arms did not see the same token stream: {describe_checks(report['checks'])} "
-                              f"({out / 'twins.json'})")
+        failed = check_failures(report, out / "twins.json")
+        if failed:
+            raise DetourError(failed)
     elif step.kind == "task":
         from detour.data.synthetic_ner import write_task
 
