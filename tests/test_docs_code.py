@@ -230,6 +230,7 @@ def _prose_numbers() -> list[tuple[str, str]]:
     """(file, phrase) pairs: each phrase holds a number as the code has it."""
     from detour.config import LoggingSpec, Recipe
     from detour.data.synthetic_ner import HELD_OUT_SHARE
+    from detour.eval.tasks import Training
     from detour.study.demo import DEMO
 
     demo = yaml.safe_load(DEMO.read_text())
@@ -244,6 +245,7 @@ def _prose_numbers() -> list[tuple[str, str]]:
         ("README.md", f"held out of training) over {demo['eval']['seeds']}\nseeds"),
         ("README.md", f"plain lines at least every {LoggingSpec().every_seconds:.0f} s"),
         ("README.md", f"(the twin's replaced phase is\nnamed for what it is, `mlm{rate * 100:.0f}`"),
+        ("docs/study.md", f"else the task spec's, else the task default of {Training().epochs};"),
     ]
 
 
