@@ -38,6 +38,7 @@ SETS = ["model.config.hidden_size=32", "model.config.intermediate_size=48", "mod
         "model.config.num_attention_heads=2", "model.config.local_attention=16", "data.seq_len=64",
         "batch.global_sequences=4", "batch.micro_batch=4", "phases.0.tokens=256", "phases.0.lr.warmup_tokens=0",
         "phases.1.tokens=256", "checkpoint.every_tokens=100000", "card.license=other"]
+pytestmark = pytest.mark.slow  # the module's fixture trains seven tiny runs: about 40 s on 2 busy cores
 ALL_PASS = "same token counts: yes, same token stream: yes, same MLM masks where the arms' phases match: yes"
 
 
