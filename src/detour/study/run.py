@@ -211,16 +211,16 @@ def clear_stale(step: Step, out: Path) -> None:
 
 def _act(step: Step, spec: StudySpec, out: Path) -> None:
     if step.kind == "streams":
-        from detour.train.twins import compare_arms, describe_checks
+        from detour.train.twins import check_failures, compare_arms, describe_checks
 
         summaries = {s.split(":", 1)[1]: json.loads(RunFolder(out / "arms" / s.split(":", 1)[1]).summary.read_text())
                      for s in step.deps}
         report = compare_arms(summaries)
         write_json(out / TWINS_FILE, report)
         print(f"  checks: {describe_checks(report['checks'])}")
-        if not all(report["checks"].values()):
-            raise DetourError(f"the arms did not see the same token stream: {describe_checks(report['checks'])} "
-                              f"({out / TWINS_FILE})")
+        failed = check_failures(report, out / TWINS_FILE)
+        if failed:
+            raise DetourError(failed)
     elif step.kind == "task":
         from detour.eval.synthetic_ner import write_task
 

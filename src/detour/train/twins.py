@@ -16,7 +16,9 @@ floor), each into OUT/NAME/. An arm that shares its first phases with the detour
 is branched from that arm's checkpoint at the end of the shared phases instead of repeating them
 (a freeze-during-decay arm, a decay-length variant). OUT/twins.json holds each arm's tokens,
 stream hash and final loss per phase, whether every arm saw the same token stream wherever the
-budgets agree (they must), the layer groups, and the MLM loss at the end of the decay.
+budgets agree (they must) and drew the same MLM masks where its phases match the detour's (null,
+"not compared", when no phase had masks to compare), the layer groups, and the MLM loss at the end
+of the decay. A check that is not "yes" ends the command with an error naming the arms and phases.
 
 With `--from TWINS_DIR --after-phase PHASE`, each of the detour and the baseline branches from the
 same arm of an earlier twins run: a decay-length sweep without repeating Phase 1.
@@ -109,20 +111,58 @@ def _branch_point(name: str, arm: Recipe, done: dict[str, Recipe], out: Path) ->
     return recipe_from_dict(tree, f"(arm {name})")
 
 
+SCHEMA = "detour.twins/2"  # 2: checks.mlm_masks_equal is null when no phase's masks could be compared
+
 _CHECK_WORDS = {"tokens_equal": "same token counts", "stream_hashes_equal": "same token stream",
                 "mlm_masks_equal": "same MLM masks where the arms' phases match"}
 
 
-def describe_checks(checks: dict[str, bool]) -> str:
+def _verdict(value: bool | None) -> str:
+    return "not compared" if value is None else "yes" if value else "NO"
+
+
+def describe_checks(checks: dict[str, bool | None]) -> str:
     """twins.json's checks in words: 'same token counts: yes, same token stream: yes, ...'."""
-    return ", ".join(f"{_CHECK_WORDS.get(k, k)}: {'yes' if v else 'NO'}" for k, v in checks.items())
+    return ", ".join(f"{_CHECK_WORDS.get(k, k)}: {_verdict(v)}" for k, v in checks.items())
+
+
+def read_checks(report: dict) -> dict[str, bool | None]:
+    """The checks of a twins.json of any schema, null where nothing was compared.
+
+    Schema 1 (no `schema` field) wrote `mlm_masks_equal: true` even when no phase had masks to
+    compare; its per-phase rows say whether any did.
+    """
+    checks = dict(report.get("checks") or {})
+    if report.get("schema") is None and checks.get("mlm_masks_equal") is True:
+        rows = [r for phases in (report.get("stream_vs_detour") or {}).values() for r in phases.values()]
+        if not any("masks" in r for r in rows):
+            checks["mlm_masks_equal"] = None
+    return checks
+
+
+def check_failures(report: dict, path: Path | str) -> str | None:
+    """None when every check passed; else the failed checks and the arms and phases behind them, in words."""
+    checks = read_checks(report)
+    if all(v is True for v in checks.values()):
+        return None
+    rows = [f"{arm} {phase}: {row}" for arm, phases in report.get("stream_vs_detour", {}).items()
+            for phase, row in phases.items() if "DIFFERENT" in row or "not compared" in row]
+    if checks.get("mlm_masks_equal") is None and not rows:
+        rows = ["no MLM phase of an arm matches one of the detour's in objective, mask rate and seed"]
+    return (f"the arms' stream checks did not pass: {describe_checks(checks)} ({'; '.join(rows)}); "
+            f"see {path}")
 
 
 def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
-    """Each arm against the detour: same tokens and the same stream wherever the phase budgets agree."""
+    """Each arm against the detour: same tokens and the same stream wherever the phase budgets agree.
+
+    MLM masks are compared where both phases are MLM at the same rate under the same seed (the twins'
+    decay); `mlm_masks_equal` is null, never true, when no such phase had a mask hash on both sides.
+    """
     ref = summaries["detour"]
     phases = list(ref["phases"])
-    per_arm, tokens_equal, stream_equal, masks_equal = {}, True, True, True
+    per_arm, tokens_equal, stream_equal = {}, True, True
+    masks_equal, masks_compared, masks_missing = True, False, False
     for name, summary in summaries.items():
         rows = {}
         # by position: the twin's replaced phase has its own name (mlm30 for clm)
@@ -138,10 +178,15 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
             stream_equal &= same_stream
             rows[p] = "equal" if same_tokens and same_stream else "DIFFERENT"
             if mine["objective"] == theirs["objective"] == "mlm" and mine["mask_rate"] == theirs["mask_rate"] \
-                    and mine.get("mask_hash") and theirs.get("mask_hash") and summary.get("seed") == ref.get("seed"):
-                same_masks = mine["mask_hash"] == theirs["mask_hash"]
-                masks_equal &= same_masks
-                rows[p] += ", same masks" if same_masks else ", DIFFERENT masks"
+                    and summary.get("seed") == ref.get("seed"):
+                if mine.get("mask_hash") and theirs.get("mask_hash"):
+                    same_masks = mine["mask_hash"] == theirs["mask_hash"]
+                    masks_equal &= same_masks
+                    masks_compared |= name != "detour"  # the detour against itself proves nothing
+                    rows[p] += ", same masks" if same_masks else ", DIFFERENT masks"
+                else:  # e.g. a summary.json written before masks were hashed
+                    masks_missing = True
+                    rows[p] += ", masks not compared (no mask hash)"
         if "branch" in summary:
             for p, c in summary["branch"]["stream_continues_parent"].items():
                 if c["equal"] is False:
@@ -150,11 +195,13 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
         per_arm[name] = rows
     last = phases[-1]
     return {
+        "schema": SCHEMA,
         "synthetic_data": bool(ref.get("synthetic_data")),
         "layer_groups": groups,
         "arms": summaries,
         "checks": {"tokens_equal": tokens_equal, "stream_hashes_equal": stream_equal,
-                   "mlm_masks_equal": masks_equal},
+                   "mlm_masks_equal": False if not masks_equal else
+                   True if masks_compared and not masks_missing else None},
         "stream_vs_detour": per_arm,
         "end_of_decay_mlm_loss": {"phase": last, **{name: list(s["phases"].values())[-1]["final_loss"]
                                                      for name, s in summaries.items()
@@ -246,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
         print("note: trained on SYNTHETIC text (embedded generator): an engine test, not a result")
     losses = {k: v for k, v in report["end_of_decay_mlm_loss"].items() if k != "phase"}
     print("MLM loss at the end of the decay: " + ", ".join(f"{k} {v:.4f}" for k, v in losses.items()))
-    if not all(report["checks"].values()):
-        raise DetourError(f"the arms did not see the same token stream: {describe_checks(report['checks'])} "
-                          f"({args.out}/twins.json)")
+    failed = check_failures(report, Path(args.out) / TWINS_FILE)
+    if failed:
+        raise DetourError(failed)
     return 0
