@@ -39,7 +39,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -210,19 +209,9 @@ def _grid(head: list[str], body: list[list[str]]) -> str:
 
 
 def machine_info() -> dict:
-    import psutil
+    from bench_data import machine_info as common  # the same machine description as the other benchmarks
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu_model": cpu, "cpu_cores": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "load_average_at_start": os.getloadavg(), "python": platform.python_version(), "numpy": np.__version__,
-            "platform": platform.platform(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    return {**common(), "numpy": np.__version__, "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 def detour_source() -> dict:
