@@ -186,3 +186,24 @@ def test_push_creates_the_repo_and_uploads_the_exports_own_files_in_one_commit(r
     sent = {line["value"]["path"]: base64.b64decode(line["value"]["content"]) for line in lines[1:]}
     own = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     assert sent == own  # byte for byte, and nothing from export/clm/512/
+
+
+def test_out_writes_exactly_what_a_push_uploads_and_overwrites_nothing(runs, tmp_path, capsys):
+    run = runs["synthetic"]  # writing locally publishes nothing: no --allow-synthetic needed
+    folder = run / "model"
+    bundle = tmp_path / "bundle" / "detour"
+    assert detour(["export", str(run), "--out", str(bundle), "--dry-run"]) == 0
+    assert f"would write these files into {bundle}" in capsys.readouterr().out and not bundle.exists()
+    assert detour(["export", str(run), "--out", str(bundle)]) == 0
+    assert f"wrote {len(list(p for p in folder.iterdir() if p.is_file()))} files into {bundle}" in capsys.readouterr().out
+    own = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    assert {p.name: p.read_bytes() for p in bundle.iterdir()} == own  # the export's own files, no sub-exports
+    assert not [p for p in bundle.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+    before = {p.name: p.read_bytes() for p in bundle.iterdir()}
+    assert detour(["export", str(run), "--out", str(bundle)]) == 2  # not empty: refused, untouched
+    assert "exists and is not an empty folder" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in bundle.iterdir()} == before
+    assert detour(["export", str(run), "--out", str(folder / "inside")]) == 2
+    assert "inside the export" in capsys.readouterr().err and not (folder / "inside").exists()
+    assert detour(["export", str(run)]) == 2
+    assert "give --push-to-hub REPO (upload) and/or --out DIR" in capsys.readouterr().err

@@ -3,6 +3,7 @@
     detour export runs/minilm-twins/detour --push-to-hub me/minilm-detour --dry-run
     detour export runs/minilm-twins/baseline --push-to-hub me/minilm-mlm-baseline --private
     detour export runs/minilm-twins/detour --folder export/clm --push-to-hub me/minilm-detour-after-clm
+    detour export runs/minilm-twins/detour --out bundle/minilm-detour     # the files a push uploads, to copy
 
 RUN is a run folder (`detour train --out RUN`, or one arm of `detour twins`, e.g. OUT/detour);
 --folder picks the export inside it: `model` (the final one, the default), `export/<phase>` or
@@ -14,22 +15,29 @@ if missing (`--private` applies to a new repository only; an existing one keeps 
 matter, and uploads nothing. An export whose card says SYNTHETIC (trained on detour's generated
 text) is refused unless --allow-synthetic. The token comes from HF_TOKEN or `hf auth login`
 (`huggingface-cli login`); without one the push stops before anything is uploaded. HF_ENDPOINT
-points it at another Hub.
+points it at another Hub. `--out DIR` writes exactly the files a push uploads into a new (or
+empty) folder, for a node that cannot reach the Hub: copy DIR and `hf upload` it from elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 from pathlib import Path
 
 from detour.errors import DetourError
+from detour.io import check_output_location
 from detour.runs import RunFolder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="a run folder (detour train --out RUN, or an arm of twins such as OUT/detour)")
-    parser.add_argument("--push-to-hub", required=True, metavar="REPO",
+    parser.add_argument("--push-to-hub", metavar="REPO",
                         help="Hub repository id, e.g. me/tiny-detour (created if missing)")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="also (or instead) write exactly the files a push uploads into DIR, a new or empty "
+                             "folder: to copy to a machine that can reach the Hub")
     parser.add_argument("--folder", default="model",
                         help="the export inside RUN: model (default), export/<phase> or export/<phase>/<tokens>")
     parser.add_argument("--private", action="store_true",
@@ -86,12 +94,17 @@ def run(args: argparse.Namespace) -> int:
     from huggingface_hub import ModelCard
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    if args.push_to_hub is None and args.out is None:
+        raise DetourError("give --push-to-hub REPO (upload) and/or --out DIR (write the files a push uploads)")
     folder = find_export(Path(args.run), args.folder)
-    try:
-        validate_repo_id(args.push_to_hub)
-    except HFValidationError as exc:
-        raise DetourError(f"--push-to-hub {args.push_to_hub!r}: not a Hub repository id ({exc}); "
-                          "e.g. me/tiny-detour or my-org/tiny-detour") from None
+    if args.push_to_hub is not None:
+        try:
+            validate_repo_id(args.push_to_hub)
+        except HFValidationError as exc:
+            raise DetourError(f"--push-to-hub {args.push_to_hub!r}: not a Hub repository id ({exc}); "
+                              "e.g. me/tiny-detour or my-org/tiny-detour") from None
+    if args.out is not None:
+        _check_out(args.out, folder)
     try:
         card = ModelCard.load(folder / "README.md")
     except ValueError as exc:  # front matter that is not a mapping
@@ -99,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     files = export_files(folder)
     title = next((line[2:].strip() for line in card.text.splitlines() if line.startswith("# ")), folder.name)
 
-    print(f"repository: {args.push_to_hub} ({'private' if args.private else 'public'} if created)")
+    if args.push_to_hub is not None:
+        print(f"repository: {args.push_to_hub} ({'private' if args.private else 'public'} if created)")
     print(f"folder:     {folder}  ({title})")
     print(f"files:      {len(files)}, {_size(sum(size for _, size in files))}")
     for name, size in files:
@@ -107,6 +121,14 @@ def run(args: argparse.Namespace) -> int:
     print("model card front matter:")
     print("\n".join(f"  {line}" for line in card.data.to_yaml().splitlines()))
 
+    if args.out is not None:
+        if args.dry_run:
+            print(f"dry run: would write these files into {args.out}")
+        else:
+            _write_bundle(folder, [name for name, _ in files], args.out)
+            print(f"wrote {len(files)} files into {args.out}")
+        if args.push_to_hub is None:
+            return 0
     from huggingface_hub import get_token
 
     token = get_token()
@@ -165,4 +187,33 @@ def _is_unreachable(exc: BaseException) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def _check_out(out: Path, folder: Path) -> None:
+    """--out must be a new folder or an empty one, outside the export; before anything is written."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DetourError(f"--out {out}: exists and is not an empty folder; give a new folder (nothing is "
+                          "overwritten)")
+    if out.resolve() == folder.resolve() or folder.resolve() in out.resolve().parents:
+        raise DetourError(f"--out {out}: inside the export {folder}; give a folder elsewhere")
+    check_output_location(out, "--out")
+
+
+def _write_bundle(folder: Path, names: list[str], out: Path) -> None:
+    """The export's own files into `out`, through a temporary sibling renamed into place: a reader
+    never sees half a bundle, and a failed copy leaves no `out` behind."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        tmp.mkdir()
+        for name in names:
+            shutil.copy2(folder / name, tmp / name)
+        if out.exists():
+            out.rmdir()  # empty, checked before: the rename needs the name free
+        tmp.rename(out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # ours: made above
+        raise DetourError(f"--out {out}: cannot write the files there ({exc.strerror or exc})") from None
 
