@@ -112,3 +112,17 @@ def test_brat_nested_warns_about_entities_it_cannot_hold(tmp_path, capsys):
     assert [e for ex in examples for e in ex["entities"]] == [(2, 5, "Status"), (0, 4, "X")]
     assert ("WARNING: task sh, validation: of 3 gold entities, 1 (33.3%) cross a line break and are left out of gold; "
             "1 (33.3%) have a boundary inside a word and stay in gold as misses") in capsys.readouterr().err
+
+
+def test_brat_configuration_and_caches_are_named_once_not_read(doc_folder, capsys, monkeypatch):
+    from detour import notices
+
+    monkeypatch.setattr(notices, "_warned", set())
+    (doc_folder / "annotation.conf").write_text("[entities]\nDISO\n")
+    (doc_folder / ".stats_cache").write_bytes(b"\x80\x04cache")
+    docs = read_folder(doc_folder)
+    read_folder(doc_folder)  # read again (another split, another model): said once
+    err = capsys.readouterr().err
+    assert err.count("WARNING:") == 1 and "2 file(s) that are not .txt/.ann documents were not read" in err
+    assert ".stats_cache, annotation.conf" in err
+    assert [d.id for d in docs] == [p.stem for p in sorted(doc_folder.glob("*.txt"))]

@@ -125,6 +125,13 @@ def read_folder(folder: Path) -> list[Document]:
     docs = [read_document(t) for t in sorted(folder.glob("*.txt"))]
     if not docs:
         raise DetourError(f"{folder}: no .txt files in it")
+    # BRAT keeps its configuration and caches beside the documents (annotation.conf, visual.conf,
+    # tools.conf, .stats_cache): not data, so not read, and said once rather than passed over silently.
+    other = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix not in (".txt", ".ann"))
+    if other:
+        shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+        warn(f"{folder}: {len(other)} file(s) that are not .txt/.ann documents were not read ({shown}); BRAT "
+             "configuration and caches such as annotation.conf and .stats_cache are expected there")
     return docs
 
 
