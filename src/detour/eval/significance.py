@@ -52,6 +52,7 @@ import numpy as np
 
 from detour import io
 from detour.errors import DetourError
+from detour.flags import positive_int
 
 SCHEMA = "detour.eval/1"
 MIN_SEEDS = 2  # paired seeds per task below which the bootstrap says nothing
@@ -428,7 +429,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--b", help="model B; without --a/--b, two files of one model each give A then B")
     parser.add_argument("--tasks", help="comma-separated tasks (default: every task both models ran)")
     parser.add_argument("--metric", help="metric to compare (default: each task's headline metric)")
-    parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    parser.add_argument("--resamples", type=positive_int, default=10_000, help="bootstrap resamples (default 10000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the resampling (default 0)")
     parser.add_argument("--no-correction", action="store_true",
                         help="plain bootstrap, without the sqrt(n/(n-1)) small-sample correction")
