@@ -112,3 +112,15 @@ def test_brat_nested_warns_about_entities_it_cannot_hold(tmp_path, capsys):
     assert [e for ex in examples for e in ex["entities"]] == [(2, 5, "Status"), (0, 4, "X")]
     assert ("WARNING: task sh, validation: of 3 gold entities, 1 (33.3%) cross a line break and are left out of gold; "
             "1 (33.3%) have a boundary inside a word and stay in gold as misses") in capsys.readouterr().err
+
+
+def test_a_span_whose_text_differs_from_the_text_at_its_offsets_is_named(tmp_path, capsys):
+    (tmp_path / "d.txt").write_text("The patient lives in the State of Maryland.\n", encoding="utf-8")
+    (tmp_path / "d.ann").write_text("T1\tLoc 25 42\tStatus of Maryland\nT2\tLoc 0 3\tThe\nT3\tLoc 4 11\tpatients\n",
+                                    encoding="utf-8")
+    doc = read_document(tmp_path / "d.txt")
+    err = capsys.readouterr().err
+    print(err)
+    assert (f"{tmp_path / 'd.ann'}:1: the span text 'Status of Maryland' differs from the text at its offsets, "
+            "'State of Maryland' (and 1 more in this file); the offsets are used") in err
+    assert [(e.start, e.end) for e in doc.entities] == [(25, 42), (0, 3), (4, 11)]
