@@ -98,3 +98,34 @@ def tiny_modernbert_config(vocab_size: int = 30522, **overrides):
 @pytest.fixture
 def tiny_modernbert_cfg():
     return tiny_modernbert_config()
+
+
+@pytest.fixture
+def small_filesystem_of(tmp_path):
+    """A factory of real small filesystems: `small_filesystem_of("256k")` mounts a tmpfs of that size
+    (and returns its folder; `.grow("4m")` gives it room again). A full disk is tested on a full disk,
+    never on a mocked error. Needs mount permission (root in a container or CI runner): skipped with
+    the reason elsewhere, an error when DETOUR_REQUIRE_TMPFS=1."""
+    import subprocess
+
+    mounted = []
+
+    class Mount(type(tmp_path)):
+        def grow(self, size: str) -> None:
+            subprocess.run(["mount", "-o", f"remount,size={size}", str(self)], check=True)
+
+    def make(size: str, name: str = "small-disk") -> Path:
+        mount = Mount(tmp_path / name)
+        mount.mkdir()
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
+        if made.returncode != 0:
+            reason = f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or made.returncode})"
+            if os.environ.get("DETOUR_REQUIRE_TMPFS") == "1":
+                pytest.fail(f"DETOUR_REQUIRE_TMPFS=1 but {reason}")
+            pytest.skip(reason)
+        mounted.append(mount)
+        return mount
+
+    yield make
+    for mount in reversed(mounted):
+        subprocess.run(["umount", "-l", str(mount)], check=False)

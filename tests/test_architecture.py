@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = ["base", "data", "model", "train", "eval", "analysis", "report", "study", "cli"]
 # Top-level modules that every layer may use: errors, files, names, the recipe, the run folder, stopping.
 BASE = {"detour", "detour.errors", "detour.io", "detour.paths", "detour.quiet", "detour.config", "detour.runs",
-        "detour.stop", "detour.notices"}
+        "detour.stop", "detour.notices", "detour.lock", "detour.flags"}
 
 # Imports that point up on purpose, each with its reason. Keep this list short.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from detour.errors import DetourError
-from detour.io import read_yaml_mapping
+from detour.io import read_yaml_mapping, why_missing
 
 _SUFFIX = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "m": 10**6, "B": 10**9, "b": 10**9, "G": 10**9, "T": 10**12}
 
@@ -395,7 +395,9 @@ def recipe_from_dict(tree: dict, where: str = "(recipe)") -> Recipe:
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     path = Path(path)
     if not path.is_file():
-        raise DetourError(f"recipe not found: {path}")
+        why = why_missing(path)
+        raise DetourError(f"recipe {path}: {why}" if why not in (None, "no such file or folder")
+                          else f"recipe not found: {path}")
     tree = read_yaml_mapping(path, "recipe")
     return recipe_from_dict(apply_overrides(tree, overrides or []), str(path))
 

@@ -5,14 +5,21 @@
 Each write goes to a hidden temporary file beside the target, then `os.replace` renames it into
 place (atomic on POSIX); on any error the temporary file is removed. A new file gets the mode a
 plain open() would give it (0666 less the umask); a replaced one keeps its permission bits.
+
+A full disk is one message for every writer (shards, checkpoints, exports, results, reports):
+`no_space` names what was being written, "No space left on device", the space it needed when
+known and what is free there (shutil.disk_usage), and says that nothing half-written was kept.
 """
 
 from __future__ import annotations
 
+import errno
+import gc
 import hashlib
 import json
 import os
 import secrets
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -187,3 +194,71 @@ def check_output_location(path: str | Path, flag: str = "--out") -> None:
         raise DetourError(f"{flag} {path}: {probe} is a file, so the folder cannot be created")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise DetourError(f"{flag} {path}: {probe} is not writable")
+
+
+# How writers below Python say "the disk is full" without an errno: torch's zip writer ("unexpected
+# pos", "failed writing file"), its C++ streams ("iostream error"), safetensors' Rust I/O error.
+_FULL_WORDS = ("No space left", "StorageFull", "os error 28", "Disk quota exceeded", "unexpected pos",
+               "iostream error", "failed writing file")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a failed write failed for want of space (ENOSPC, EDQUOT), whoever reported it."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(exc, (OSError, RuntimeError, ValueError)) and any(w in str(exc) for w in _FULL_WORDS)
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Bytes free on the filesystem that holds `path` (or would: its nearest existing folder)."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n < 10 * 2**20 else f"{n / 2**20:,.0f} MiB"
+
+
+def no_space(what: str, where: str | Path, exc: BaseException | None = None, needed: int | None = None,
+             after: str = "nothing half-written was kept; free space, then rerun the same command") -> str:
+    """The message of a write that ran out of space: what, how much it needed (if known), what is free."""
+    said = ""
+    if exc is not None:
+        # The failed writer (torch's zip writer) may still hold its unlinked file open through the
+        # traceback's frames; let it go first, so the free space is what a rerun will find.
+        seen, link = set(), exc
+        while link is not None and id(link) not in seen:
+            seen.add(id(link))
+            link.__traceback__ = None
+            link = link.__context__ or link.__cause__
+        gc.collect()
+    if exc is not None and not (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+        said = f" (the writer said: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__})"
+    free = free_bytes(where)
+    space = "; ".join(([f"it needs about {_mib(needed)}"] if needed else [])
+                      + ([f"{_mib(free)} are free there"] if free is not None else []))
+    return (f"writing {what} failed: No space left on device{said}" + (f"; {space}" if space else "")
+            + f". {after[:1].upper()}{after[1:]}")
+
+
+
+def why_missing(path: str | Path) -> str | None:
+    """Why `path` cannot be opened, in words, or None when it can: a symbolic link that loops or
+    points nowhere is not "no such file", and a user looking for a missing file would not find it."""
+    path = Path(path)
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symbolic link loop (following it leads back to itself)"
+        if path.is_symlink():
+            return f"is a symbolic link to {os.readlink(path)}, which does not exist"
+        if exc.errno == errno.ENOENT:
+            return "no such file or folder"
+        return exc.strerror or str(exc)
+    return None

@@ -11,10 +11,15 @@
       model/                   the final Hugging Face export, with its model card
       curves.png               the loss curves
       summary.json             written last: its presence means the run finished
+      .detour-lock             while a process writes here: its flock, pid and command (gone when it ends)
 
 `detour twins --out T` writes one run folder per arm (T/detour, T/baseline, ...) and T/twins.json,
 the check that the arms saw the same token stream and the same decay masks; `detour study`
 keeps its arms under STUDY/arms/. Names live here alone, so a reader never guesses a path.
+
+Every folder detour writes into while it works (a run, a twins folder, an eval --out, a study, a
+report's --out) carries LOCK_FILE; `detour.lock.folder_lock` holds it, and the kernel releases it
+when the holder dies, so a kill -9 leaves no stale lock.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TWINS_FILE = "twins.json"
+LOCK_FILE = ".detour-lock"
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,10 @@ class RunFolder:
     @property
     def summary(self) -> Path:
         return self.root / "summary.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK_FILE
 
     def is_run(self) -> bool:
         """A run started here (its recipe is written)."""

@@ -440,3 +440,19 @@ def test_a_document_that_cannot_be_cut_is_announced_with_its_line(minilm, tmp_pa
     tok = load_tokenizer(str(minilm))
     assert open_prepared(tmp_path / "out")[0][0].document(1).tolist() == [tok.cls_token_id, tok.unk_token_id,
                                                                             tok.sep_token_id]
+
+
+def test_prepare_into_a_full_filesystem_says_no_space_and_the_rerun_succeeds(shared_data, minilm, small_filesystem_of,
+                                                                              capsys):
+    disk = small_filesystem_of("128k")  # the PubMed sample's ~200k token ids (uint16) do not fit
+    out = disk / "data"
+    argv = ["prepare", str(shared_data / "corpora" / "en-biomed" / "pubmed-abstracts-1mb.txt"), "--tokenizer",
+            str(minilm), "--out", str(out), "--workers", "1"]
+    assert main(argv) == 2  # a DetourError: one message, no traceback
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    print(said)
+    assert "No space left on device" in said and "are free there" in said
+    assert list(disk.iterdir()) == []  # nothing half-written that a rerun would trust
+    disk.grow("8m")
+    assert main(argv) == 0
+    assert sum(corpus.num_tokens for corpus, _ in open_prepared(out)) > 100_000

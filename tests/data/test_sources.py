@@ -130,3 +130,16 @@ def test_cli_missing_file_and_missing_tokenizer(tmp_path, capsys, minilm):
     f.write_text("one doc\n")
     assert main(["prepare", str(f), "--tokenizer", str(tmp_path / "no-model"), "--out", str(tmp_path / "o")]) == 2
     assert "cannot load tokenizer" in capsys.readouterr().err
+
+
+def test_a_symlink_loop_or_a_dangling_link_is_not_called_missing(tmp_path):
+    loop = tmp_path / "corpus.txt"
+    loop.symlink_to(loop)
+    with pytest.raises(DetourError, match=r"corpus.txt: is a symbolic link loop"):
+        parse_source(str(loop))
+    dangling = tmp_path / "gone.txt"
+    dangling.symlink_to(tmp_path / "moved.txt")
+    with pytest.raises(DetourError, match=r"gone.txt: is a symbolic link to .*moved.txt, which does not exist"):
+        parse_source(str(dangling))
+    with pytest.raises(DetourError, match="no such file or folder"):
+        parse_source(str(tmp_path / "absent.txt"))

@@ -126,3 +126,14 @@ def test_brat_configuration_and_caches_are_named_once_not_read(doc_folder, capsy
     assert err.count("WARNING:") == 1 and "2 file(s) that are not .txt/.ann documents were not read" in err
     assert ".stats_cache, annotation.conf" in err
     assert [d.id for d in docs] == [p.stem for p in sorted(doc_folder.glob("*.txt"))]
+
+
+def test_a_span_whose_text_differs_from_the_text_at_its_offsets_is_named(tmp_path, capsys):
+    (tmp_path / "d.txt").write_text("The patient lives in the State of Maryland.\n", encoding="utf-8")
+    (tmp_path / "d.ann").write_text("T1\tLoc 25 42\tStatus of Maryland\nT2\tLoc 0 3\tThe\nT3\tLoc 4 11\tpatients\n",
+                                    encoding="utf-8")
+    doc = read_document(tmp_path / "d.txt")
+    err = capsys.readouterr().err
+    assert (f"{tmp_path / 'd.ann'}:1: the span text 'Status of Maryland' differs from the text at its offsets, "
+            "'State of Maryland' (and 1 more in this file); the offsets are used") in err
+    assert [(e.start, e.end) for e in doc.entities] == [(25, 42), (0, 3), (4, 11)]

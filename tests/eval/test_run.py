@@ -524,3 +524,44 @@ def test_dry_run_reports_every_finding_at_once_before_any_model_loads(tmp_path, 
     said = capsys.readouterr().out
     assert "task broken: " in said and "new: minilm-l6 broken seeds 0-4" in said and "5 run(s) would train" in said
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flag, value, rule", [
+    ("--lr", "-1", "greater than 0"), ("--epochs", "0", "greater than or equal to 1"),
+    ("--batch-size", "0", "greater than or equal to 1"), ("--max-length", "2", "greater than or equal to 8"),
+    ("--seeds", "0", "at least 1"), ("--max-train", "-3", "at least 1"), ("--lr", "nan", ""),
+])
+def test_overrides_are_held_to_the_spec_rules_before_any_model_loads(flag, value, rule, minilm, shared_data,
+                                                                      tmp_path, monkeypatch, capsys):
+    from detour.model import load
+
+    monkeypatch.setattr(load, "load_encoder", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(load, "weights_hash", lambda *a, **k: pytest.fail("a model was read"))
+    with pytest.raises(SystemExit) as stopped:
+        evaluate(minilm, tmp_path / "out", "--tasks", "gad", *TINY, flag, value, data_root=shared_data)
+    err = capsys.readouterr().err
+    print(err.splitlines()[-1])
+    assert stopped.value.code == 2 and f"argument {flag}: " in err and rule in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_eval_leaves_no_empty_out_folder(minilm, shared_data, tmp_path, capsys):
+    assert evaluate(minilm, tmp_path / "out", *TINY, "--tasks", "gad", data_root=tmp_path / "nowhere") == 2
+    assert "data not found" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_into_a_full_filesystem_says_no_space_and_the_rerun_succeeds(minilm, shared_data, small_filesystem_of,
+                                                                           capsys):
+    disk = small_filesystem_of("8m")  # results fit, MiniLM's epoch checkpoint (~260 MiB) does not
+    out = disk / "eval"
+    args = [*SMALL, "--seeds", "1", "--max-train", "8"]
+    assert evaluate(minilm, out, *args, data_root=shared_data) == 2  # a DetourError: a message, no traceback
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    print(said)
+    assert "No space left on device" in said and "it needs about 259 MiB" in said and "MiB are free there" in said
+    _no_temporary_file(out)
+    assert not (out / "results.json").exists()
+    disk.grow("600m")
+    assert evaluate(minilm, out, *args, data_root=shared_data) == 0
+    assert len(json.loads((out / "results.json").read_text())["runs"]) == 1

@@ -132,3 +132,13 @@ def test_every_spec_file_problem_is_reported_together(tmp_path):
     lines = str(err.value).splitlines()
     assert lines[0].startswith(f"{a}: headline: 'f1'") and lines[1].startswith(f"{b}: options: unknown key(s) text_col")
     assert len(lines) == 2  # `a` names the broken a.yaml: not reported again as an unknown task
+
+
+def test_an_unknown_type_or_format_names_the_spec_file(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("name: a\ntype: regresion\nformat: tsv\ndata: {all: x}\n")
+    with pytest.raises(DetourError, match=rf"^{f}: type: unknown task type 'regresion'; known: "):
+        load_spec(f)
+    f.write_text("name: a\ntype: classification\nformat: tvs\ndata: {all: x}\n")
+    with pytest.raises(DetourError, match=rf"^{f}: format: unknown task format 'tvs'"):
+        load_spec(f)

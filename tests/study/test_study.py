@@ -330,3 +330,32 @@ def test_dry_run_estimates_each_task_for_its_own_epochs(tmp_path, capsys):
     assert "4 fine-tunes x 7 epochs (its spec's), ~" in printed
     assert "4 fine-tunes x 10 epochs (its spec's), ~" in printed  # gad's spec: 10
     assert "4 fine-tunes x 3 epochs (its spec's), ~" in printed  # the generated task's spec: 3
+
+
+def test_the_steps_of_a_study_killed_with_9_are_gone_a_second_later(tmp_path, minilm):
+    """Each step's process asks the kernel (PR_SET_PDEATHSIG) to be killed with its study, and so do
+    prepare's tokenizer workers: no step goes on writing beside the rerun."""
+    study = _study(tmp_path)
+    spec = yaml.safe_load(study.read_text())
+    for prep in spec["prepare"].values():
+        prep["workers"] = 2  # a step with children of its own
+    study.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    proc = _spawn(study, out)
+    try:
+        me = psutil.Process(proc.pid)
+        family: list[psutil.Process] = []
+
+        def a_step_with_its_workers() -> bool:
+            family[:] = me.children(recursive=True)
+            return any("detour.cli" in " ".join(p.cmdline()) for p in family) and len(family) >= 3
+
+        _wait_for(a_step_with_its_workers, proc, "a step with its workers", timeout=120)
+        print("running:", [(p.pid, " ".join(p.cmdline())[:80]) for p in family])
+        proc.kill()
+        proc.wait()
+        time.sleep(1.0)
+        alive = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"still running 1 s after the study was killed: {[p.pid for p in alive]}"
+    finally:
+        proc.kill()

@@ -190,16 +190,9 @@ def test_random_kill9_points_then_resume_is_bit_identical(synthetic_data, refere
 
 
 @pytest.fixture
-def small_filesystem(tmp_path):
-    """A real 30 MiB tmpfs (needs mount permission: root in a container or CI runner)."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(mount)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip()}); the write-hook test "
-                    "covers the same path")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=False)
+def small_filesystem(small_filesystem_of):
+    """A real 30 MiB tmpfs (tests/conftest.py: needs mount permission)."""
+    return small_filesystem_of("30m")
 
 
 def test_a_real_full_disk_then_space_back_resumes_bit_identical(tiny_recipe_module, reference, small_filesystem):
@@ -211,7 +204,7 @@ def test_a_real_full_disk_then_space_back_resumes_bit_identical(tiny_recipe_modu
     assert not list(out.rglob(".tmp-*")) and not list(out.rglob("*.tmp-*")), "temporary files left behind"
     kept = list_checkpoints(out / "checkpoints")
     assert kept and all(verify_checkpoint(c) is None for c in kept)
-    subprocess.run(["mount", "-o", "remount,size=300m", str(small_filesystem)], check=True)
+    small_filesystem.grow("300m")
     train(tiny_recipe_module(*SETS), out, resume=True, progress=False)
     assert _final(out) == _final(reference)
 
@@ -234,3 +227,64 @@ def test_sigterm_during_the_final_export_lets_it_finish(tiny_recipe_module, refe
     assert result.summary and (out / "summary.json").is_file()
     assert not list(out.glob("model.tmp-*")) and _final(out) == _final(reference)
     assert "removed" in capsys.readouterr().err and not (out / "checkpoints" / ".tmp-step-00000014").exists()
+
+
+def test_a_checkpoint_without_manifest_is_skipped_as_unverified(tiny_recipe_module, reference, tmp_path, capsys):
+    out = _crashed_copy(reference, tmp_path / "run", keep_steps=13)
+    *_, previous, bad = list_checkpoints(out / "checkpoints")
+    (bad / "manifest.json").unlink()
+    weights = bad / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])  # damage no checksum can name now
+    weights.write_bytes(bytes(data))
+    train(tiny_recipe_module(*SETS), out, resume=True, progress=False)
+    err = capsys.readouterr().err
+    print(err)
+    assert f"skipping unverified checkpoint {bad}: it has no manifest.json" in err
+    assert f"resuming from the previous good checkpoint {previous}" in err
+    assert _final(out) == _final(reference)
+
+
+def test_trust_unverified_checkpoint_takes_it_with_a_warning(reference, tmp_path):
+    from detour.train.checkpoint import latest_checkpoint
+    from detour.train.run import add_arguments
+
+    out = _crashed_copy(reference, tmp_path / "run", keep_steps=13)
+    newest = _newest(out)
+    (newest / "manifest.json").unlink()
+    said = []
+    assert latest_checkpoint(out / "checkpoints", warn=said.append, trust_unverified=True).path == newest
+    assert said and said[0].startswith(f"detour: WARNING: resuming from unverified checkpoint {newest}")
+    for ckpt in list_checkpoints(out / "checkpoints"):
+        (ckpt / "manifest.json").unlink(missing_ok=True)
+    with pytest.raises(DetourError, match="--trust-unverified-checkpoint resumes from one without a manifest"):
+        latest_checkpoint(out / "checkpoints", warn=said.append)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["r.yaml", "--out", "o", "--resume", "--trust-unverified-checkpoint"]).trust_unverified_checkpoint
+
+
+def test_the_mask_generator_in_checkpoints_is_never_drawn_from(reference, tiny_recipe_module):
+    """MLM masks come from the stream (seed, phase, sequence index): the generator each checkpoint keeps
+    for its format stays at its seed through a whole MLM run, so restoring it or not changes nothing."""
+    from detour.data.packing import PackedStream, collate
+    from detour.model.objectives import mlm_inputs
+    from detour.train.loop import mask_key
+    from detour.train.setup import build_model
+
+    recipe = tiny_recipe_module(*SETS)
+    seeded = torch.Generator().manual_seed(recipe.seed).get_state()
+    for ckpt in list_checkpoints(reference / "checkpoints"):
+        rng = torch.load(ckpt / "rng-0.pt", weights_only=True)
+        assert torch.equal(rng["mask_generator"], seeded), f"{ckpt}: the mask generator was drawn from"
+    model, tokenizer = build_model(recipe, torch.device("cpu"))
+    stream = PackedStream.from_paths([(s.path, s.weight) for s in recipe.data.sources], seq_len=recipe.data.seq_len,
+                                     seed=recipe.data.shuffle_seed)
+    batch = collate([stream.next_sequence() for _ in range(4)], tokenizer.pad_token_id)
+    key = mask_key(recipe, recipe.phases[0])
+    a = mlm_inputs(model, batch, 0.3, torch.Generator().manual_seed(1), mask_key=key)
+    b = mlm_inputs(model, batch, 0.3, torch.Generator().manual_seed(2), mask_key=key)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -90,3 +90,12 @@ def test_real_data_without_a_license_is_refused_before_training(tmp_path, capsys
     assert detour(args) == 2
     assert "card.license" in capsys.readouterr().err
     assert detour(args + ["--set", "card.license=cc-by-4.0"]) == 0
+
+
+def test_out_that_is_the_data_folder_is_refused(synthetic_data, tmp_path, capsys):
+    before = sorted(p.name for p in synthetic_data.rglob("*"))
+    for out in (synthetic_data, synthetic_data / "run"):
+        assert detour(_args("train", synthetic_data, out)) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out}: is " in err and "data folder of data.sources.0" in err
+    assert sorted(p.name for p in synthetic_data.rglob("*")) == before

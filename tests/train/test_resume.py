@@ -82,3 +82,38 @@ def test_sigterm_saves_checkpoint_and_exits_resumable(synthetic_data, reference,
 def test_rerun_without_resume_refuses(synthetic_data, reference):
     done = subprocess.run(_cmd(synthetic_data, reference), capture_output=True, text=True)
     assert done.returncode == 2 and "--resume" in done.stderr
+
+
+def test_a_second_train_into_the_same_folder_is_refused_at_once_and_the_first_ends_bit_identical(
+        synthetic_data, reference, tmp_path):
+    """Two real `detour train --out SAME`: the second (with --resume, which cleans leftovers) stops
+    before touching anything, naming the first's pid; the first is stopped (SIGSTOP) meanwhile so
+    that it is surely alive and mid-run while the second tries."""
+    out = tmp_path / "run"
+    metrics = out / "metrics.jsonl"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = subprocess.Popen(_cmd(synthetic_data, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while first.poll() is None and not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+            assert time.time() < deadline, "the first run never logged a step"
+            time.sleep(0.02)
+        first.send_signal(signal.SIGSTOP)
+        before = sorted(p.relative_to(out) for p in out.rglob("*"))
+        try:
+            t0 = time.time()
+            second = subprocess.run(_cmd(synthetic_data, out, "--resume"), env=env, capture_output=True, text=True,
+                                    timeout=120)
+            took = time.time() - t0
+        finally:
+            first.send_signal(signal.SIGCONT)
+        print(f"second writer (after {took:.1f} s, rc {second.returncode}): {second.stderr.strip()}")
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert f"{out} is in use: pid {first.pid} (detour train" in second.stderr
+        assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # nothing removed or added
+        log, _ = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 0, log.decode()[-2000:]
+    assert _bytes(out) == _bytes(reference)
+    assert not (out / ".detour-lock").exists()  # the finished run leaves no lock file

@@ -44,6 +44,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from detour.errors import DetourError
+from detour.flags import positive_float, positive_int
 from detour.io import atomic_write, ensure_output_dir
 from detour.analysis.needle_haystack import Haystacks, Pair, make_pairs, read_haystack
 from detour.analysis.needle_stats import accuracy_cell, beats_chance, chance_level, fmt
@@ -292,14 +293,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--preset", default="small", help="small (CPU), paper (GPU), or a preset .yaml file")
     parser.add_argument("--lang", default="en", choices=sorted(TEMPLATES), help="language of the facts")
     parser.add_argument("--lengths", help="comma-separated input lengths in tokens (overrides the preset)")
-    parser.add_argument("--pairs", type=int, help="number of query/haystack pairs (overrides the preset)")
+    parser.add_argument("--pairs", type=positive_int, help="number of query/haystack pairs (overrides the preset)")
     parser.add_argument("--haystack", default="synthetic",
                         help="corpus file (.jsonl with 'text', or one document a line) or 'synthetic' (default)")
     parser.add_argument("--out", type=Path, default=Path("runs/needle"), help="output folder (default runs/needle)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--linear", action="store_true", help="linear probe instead of the 2-layer MLP")
-    parser.add_argument("--epochs", type=int, help="probe epochs (overrides the preset)")
-    parser.add_argument("--lr", type=float, help="probe learning rate (overrides the preset)")
+    parser.add_argument("--epochs", type=positive_int, help="probe epochs (overrides the preset)")
+    parser.add_argument("--lr", type=positive_float, help="probe learning rate (overrides the preset)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
 
 

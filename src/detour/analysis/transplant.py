@@ -408,6 +408,9 @@ def print_table(result: dict) -> None:
 # ---- the verb ----
 
 def add_arguments(p) -> None:
+    from detour.eval.run import add_budget_arguments
+    from detour.flags import positive_int
+
     p.add_argument("--src", required=True, metavar="A",
                    help="the model blocks are copied from (the detour): a folder, a hub name, or minilm-l6")
     p.add_argument("--dst", required=True, metavar="B", help="the model blocks are copied into (the MLM baseline)")
@@ -419,14 +422,8 @@ def add_arguments(p) -> None:
     p.add_argument("--task-spec", action="append", default=[], metavar="FILE", help="a task spec YAML (repeatable)")
     p.add_argument("--data-root", default=None,
                    help="where task paths resolve (default $DETOUR_DATA_ROOT or ../shared/data)")
-    p.add_argument("--seeds", type=int, default=3, help="probe seeds 0..N-1 for every model (default 3)")
-    p.add_argument("--epochs", type=int, default=None, help="override the spec's epochs")
-    p.add_argument("--max-train", type=int, default=None, help="cap train examples (seeded sample)")
-    p.add_argument("--max-eval", type=int, default=None, help="cap validation and test examples (seeded sample)")
-    p.add_argument("--max-length", type=int, default=None, help="override the spec's max length (tokens)")
-    p.add_argument("--lr", type=float, default=None,
-                   help="override the spec's learning rate (a linear head on a small budget wants about 1e-3)")
-    p.add_argument("--batch-size", type=int, default=None, help="override the spec's batch size")
+    p.add_argument("--seeds", type=positive_int, default=3, help="probe seeds 0..N-1 for every model (default 3)")
+    add_budget_arguments(p, lr_help="override the spec's learning rate (a linear head on a small budget wants about 1e-3)")
     p.add_argument("--min-gap", type=float, default=DEFAULT_MIN_GAP,
                    help="smallest |F1_A - F1_B| (0-1 scale) for recovery to mean anything (default 0.005, "
                         "half an F1 point); see also the 2 x seed-std rule")

@@ -55,8 +55,10 @@ from detour.data import encoder, tokenize
 from detour.data.encoder import CUT_CHARS, Encoder as _Encoder  # noqa: F401  (CUT_CHARS: tests read it here)
 from detour.data.shards import CORPUS_FORMAT, ShardWriter, token_dtype, write_json
 from detour.data.sources import Source, document_location, iter_documents, parse_source
-from detour.errors import DetourError
-from detour.io import ensure_output_dir, read_yaml_mapping
+from detour.errors import DetourError, NoSpaceError
+from detour.flags import positive_int
+from detour.io import ensure_output_dir, is_disk_full, no_space, read_yaml_mapping
+from detour.stop import die_with_parent
 
 BATCH_DOCS = 256
 
@@ -74,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or synthetic:clinical?docs=N&seed=S&lang=en|fr; optional :WEIGHT (token share)")
     parser.add_argument("--tokenizer", help="Hugging Face model name or folder whose tokenizer to use")
     parser.add_argument("--out", required=True, help="output folder (written atomically)")
-    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
+    parser.add_argument("--workers", type=positive_int, default=min(4, os.cpu_count() or 1),
                         help="tokenizer processes (default: min(4, CPUs))")
     parser.add_argument("--text-field", default="text", help="JSONL/Parquet/HF field holding the text (default: text)")
     parser.add_argument("--blank-line-docs", action="store_true",
@@ -82,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", help="YAML data spec listing the sources (see this module's docstring)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the output of an earlier `detour prepare` (never any other folder)")
-    parser.add_argument("--batch-docs", type=int, default=BATCH_DOCS, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-docs", type=positive_int, default=BATCH_DOCS, help=argparse.SUPPRESS)
 
 
 def _sources_from_args(args) -> tuple[list[tuple[Source, str | None]], str | None]:
@@ -132,8 +134,9 @@ def _names(sources: list[tuple[Source, str | None]]) -> list[str]:
     return names
 
 
-def _init_worker(tokenizer_name: str, policy: dict) -> None:
+def _init_worker(tokenizer_name: str, policy: dict, parent: int) -> None:
     global _ENCODER
+    die_with_parent(parent)  # a worker of a killed prepare (or of a killed study's prepare) goes with it
     if _ENCODER is None:
         _ENCODER = _Encoder(tokenize.load_tokenizer(tokenizer_name), policy)
 
@@ -314,7 +317,7 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
         if workers > 1:
             methods = multiprocessing.get_all_start_methods()
             ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer_name, policy))
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer_name, policy, os.getpid()))
         entries = []
         with _progress() as progress:
             for (src, _), name in zip(sources, _names(sources)):
@@ -345,8 +348,13 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
         _check_out(out, overwrite, protected)
         _commit(tmp, out)
         return top
-    except BaseException:
+    except BaseException as exc:
+        writer = None  # its open shard file would keep the removed bytes in use
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and is_disk_full(exc):
+            raise NoSpaceError(no_space(f"the prepared corpus {out} (in {tmp})", out.parent, exc,
+                                        after=f"{tmp} was removed and nothing at {out} changed; free space, then "
+                                              "rerun the same command")) from None
         raise
     finally:
         if pool is not None:

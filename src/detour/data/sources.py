@@ -27,7 +27,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from detour.errors import DetourError
-from detour.io import jsonl_objects, text_lines
+from detour.io import jsonl_objects, text_lines, why_missing
 
 TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -103,7 +103,7 @@ def parse_source(arg: str, text_field: str = "text", blank_line_docs: bool = Fal
         return Source(kind, name, weight, opts, arg)
     path = Path(location)
     if not path.exists():
-        raise DetourError(f"source {location}: no such file or folder")
+        raise DetourError(f"source {location}: {why_missing(path)}")
     if path.is_dir():
         if not _is_saved_dataset(path):
             raise DetourError(f"source {location}: a folder must be a Hugging Face `save_to_disk` dataset "

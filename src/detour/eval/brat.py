@@ -72,6 +72,7 @@ def read_ann(ann: Path, text: str) -> tuple[list[Entity], Counter]:
     """Entities (with notes) of one .ann file, checked against the length of its text."""
     entities: dict[str, Entity] = {}
     notes: list[tuple[int, str, str]] = []
+    mismatched: list[tuple[int, str, str]] = []  # (line, text in the .ann, text at the offsets)
     skipped: Counter = Counter()
     for n, raw in enumerate(_read_text(ann).split("\n"), 1):
         line = raw.rstrip("\r")
@@ -91,7 +92,11 @@ def read_ann(ann: Path, text: str) -> tuple[list[Entity], Counter]:
                 if not 0 <= a < b <= len(text):
                     raise DetourError(f"{ann}:{n}: fragment {a}-{b} is empty or outside the text ({len(text)} characters)")
             frags.sort()
-            entities[parts[0]] = Entity(parts[0], etype, frags, parts[2] if len(parts) > 2 else "")
+            written = parts[2] if len(parts) > 2 else ""
+            found = " ".join(text[a:b] for a, b in frags)  # BRAT joins the fragments with a space
+            if len(parts) > 2 and written != found:
+                mismatched.append((n, written, found))
+            entities[parts[0]] = Entity(parts[0], etype, frags, written)
         elif kind == "#":
             parts = line.split("\t")
             if len(parts) < 2:
@@ -101,6 +106,13 @@ def read_ann(ann: Path, text: str) -> tuple[list[Entity], Counter]:
             skipped[SKIPPED_KINDS[kind]] += 1
         else:
             raise DetourError(f"{ann}:{n}: unknown BRAT annotation line {line!r} (expected T, #, E, A, R, N, M or *)")
+    if mismatched:
+        # The offsets are what the tokens are labelled from; a differing text means the .txt or the
+        # .ann was edited after annotation, and the user should know which spans may be off.
+        n, written, found = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more in this file)" if len(mismatched) > 1 else ""
+        warn(f"{ann}:{n}: the span text {written!r} differs from the text at its offsets, {found!r}{more}; "
+             "the offsets are used")
     for n, target, note in notes:
         if target in entities:
             entities[target].notes.append(note)

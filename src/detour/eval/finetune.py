@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detour.errors import DetourError
-from detour.io import atomic_write
+from detour.errors import DetourError, NoSpaceError
+from detour.io import atomic_write, is_disk_full, no_space
 from detour.data.tokenize import load_tokenizer
 from detour.eval.heads import EncoderWithHead
 from detour.eval.splits import load_splits, subsample
@@ -48,6 +48,11 @@ class Budget:
     max_length: int | None = None
     lr: float | None = None
     batch_size: int | None = None
+
+
+def _given(override, spec_value):
+    """An override replaces the spec's value even when it is falsy (0 is refused earlier, never swallowed)."""
+    return spec_value if override is None else override
 
 
 @dataclass
@@ -96,12 +101,13 @@ def prepare_task(spec: TaskSpec, model: str, budget: Budget, splits: dict | None
         if not exs:
             raise DetourError(f"task {spec.name}: the {name} split is empty")
     labels = task_type.label_set(spec, splits["train"])  # the full train's labels, whatever the cap
-    max_length = min(budget.max_length or spec.max_length, model_max_length(model, tokenizer))
+    max_length = min(spec.max_length if budget.max_length is None else budget.max_length, model_max_length(model, tokenizer))
     features = {k: task_type.encode(v, tokenizer, spec, labels, max_length) for k, v in examples.items()}
     t = spec.training
     return PreparedTask(
         spec=spec, labels=labels, examples=examples, features=features, max_length=max_length,
-        epochs=budget.epochs or t.epochs, lr=budget.lr or t.lr, batch_size=budget.batch_size or t.batch_size,
+        epochs=_given(budget.epochs, t.epochs), lr=_given(budget.lr, t.lr),
+        batch_size=_given(budget.batch_size, t.batch_size),
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
     )
 
@@ -334,4 +340,22 @@ def _train_epoch(model, optimizer, schedule, prep: PreparedTask, order_rng: torc
 
 def _save_epoch(checkpoint, state: dict) -> None:
     Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
+    try:
+        atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
+    except (OSError, RuntimeError) as exc:  # torch says "unexpected pos" where the disk is full
+        if not is_disk_full(exc):
+            raise
+        raise NoSpaceError(no_space(f"epoch checkpoint {checkpoint}", Path(checkpoint).parent, exc, _bytes_of(state),
+                                    "the temporary file was removed and the earlier epochs' checkpoint, if any, is "
+                                    "intact; free space, then rerun the same command")) from None
+
+
+def _bytes_of(obj) -> int:
+    """About the bytes torch.save writes for `obj`: its tensors'."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_bytes_of(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_bytes_of(v) for v in obj)
+    return 0

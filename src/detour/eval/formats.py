@@ -21,7 +21,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from detour.errors import DetourError
-from detour.io import jsonl_objects
+from detour.io import jsonl_objects, why_missing
 from detour.eval.brat import read_folder
 from detour.eval.metrics import spans_from_tags
 from detour.eval.tasks import TaskSpec, register_format
@@ -35,6 +35,9 @@ def read_split(spec: TaskSpec, split: str) -> list[dict]:
 
     path = spec.path(split)
     if isinstance(path, Path) and not path.exists():
+        why = why_missing(path)
+        if why != "no such file or folder":
+            raise DetourError(f"task {spec.name}: {split} data {path}: {why}")
         raise DetourError(f"task {spec.name}: {split} data not found at {path} (see --data-root)")
     examples = get_format(spec.format)(path, spec, split=split)
     if not examples:

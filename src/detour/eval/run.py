@@ -48,8 +48,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from detour.errors import DetourError
-from detour.io import ensure_output_dir, write_text
+from detour.errors import DetourError, NoSpaceError
+from detour.flags import positive_int, spec_field
+from detour.io import ensure_output_dir, is_disk_full, no_space, write_text
+from detour.lock import folder_lock
 from detour.stop import stop_signals_to
 from detour.eval.finetune import Budget, finetune, prepare_task, read_checkpoint
 from detour.eval.results import Results, display_name, run_key, seed_list, setting_of
@@ -70,18 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("models", nargs="*", metavar="MODEL", help="encoder folders or hub names")
     parser.add_argument("--tasks", default="", help="comma-separated shipped task names or spec files")
     parser.add_argument("--task-spec", action="append", default=[], metavar="FILE", help="a task spec YAML (repeatable)")
-    parser.add_argument("--seeds", type=int, default=5, help="number of seeds: runs seeds 0..N-1 (default 5)")
+    parser.add_argument("--seeds", type=positive_int, default=5, help="number of seeds: runs seeds 0..N-1 (default 5)")
     parser.add_argument("--out", default="runs/eval", help="output folder for results.json / results.md")
     parser.add_argument("--data-root", default=None, help="where task paths resolve (default $DETOUR_DATA_ROOT or ../shared/data)")
-    parser.add_argument("--epochs", type=int, default=None, help="override the spec's epochs")
-    parser.add_argument("--max-train", type=int, default=None, help="cap train examples (seeded sample)")
-    parser.add_argument("--max-eval", type=int, default=None, help="cap validation and test examples (seeded sample)")
-    parser.add_argument("--max-length", type=int, default=None, help="override the spec's max length (tokens)")
-    parser.add_argument("--lr", type=float, default=None, help="override the spec's learning rate")
-    parser.add_argument("--batch-size", type=int, default=None, help="override the spec's batch size")
+    add_budget_arguments(parser)
     parser.add_argument("--linear-probe", action="store_true", help="freeze the encoder; train the head only")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--list-tasks", action="store_true", help="list the shipped tasks and exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="read and check every task (all findings at once) and say which runs would be reused "
@@ -89,6 +86,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-every-seconds", type=float, default=30.0, metavar="S",
                         help="when stdout is not a terminal, a progress line at least every S seconds inside an "
                              "epoch (default 30), besides the line at each epoch's end")
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser, lr_help: str = "override the spec's learning rate") -> None:
+    """The overrides of a task spec's settings, each held to the spec's own rule for that field."""
+    from detour.eval.tasks import TaskSpec, Training
+
+    parser.add_argument("--epochs", type=spec_field(Training, "epochs", "training.epochs in a task spec"),
+                        default=None, help="override the spec's epochs")
+    parser.add_argument("--max-train", type=positive_int, default=None, help="cap train examples (seeded sample)")
+    parser.add_argument("--max-eval", type=positive_int, default=None,
+                        help="cap validation and test examples (seeded sample)")
+    parser.add_argument("--max-length", type=spec_field(TaskSpec, "max_length", "max_length in a task spec"),
+                        default=None, help="override the spec's max length (tokens)")
+    parser.add_argument("--lr", type=spec_field(Training, "lr", "training.lr in a task spec"), default=None,
+                        help=lr_help)
+    parser.add_argument("--batch-size", type=spec_field(Training, "batch_size", "training.batch_size in a task spec"),
+                        default=None, help="override the spec's batch size")
 
 
 def _specs(args):
@@ -243,7 +257,6 @@ def run(args) -> int:
         return 0
     if not args.models:
         raise DetourError("give at least one MODEL (an encoder folder or hub name)")
-    from detour.stop import RESUMABLE_EXIT
 
     # Models keep the names the user typed (an alias such as minilm-l6 too): results.json and
     # results.md name them so; every loader resolves an alias to its folder.
@@ -260,9 +273,28 @@ def run(args) -> int:
         return _dry_run(args, specs, budget)
     total = len(args.models) * len(specs) * args.seeds
     stop, state = _Stop(), {"doing": "starting", "finished": 0, "saved_epoch": None, "checkpoint": None}
+    existed = Path(args.out).exists()
+    out_dir = ensure_output_dir(args.out, "--out")  # a file or a read-only folder fails before any training
+    # One eval per --out (results.json is rewritten whole); a folder this command made and left
+    # empty (it failed before any run finished) goes again.
+    with folder_lock(out_dir, remove_if_empty=not existed):
+        return _run_locked(args, specs, budget, stop, state, total, out_dir)
+
+
+def _run_locked(args, specs, budget: Budget, stop: "_Stop", state: dict, total: int, out_dir: Path) -> int:
+    from detour.stop import RESUMABLE_EXIT
+
     try:
         with stop.installed():  # from here on, a signal can never leave a file half-written
-            out_dir = _evaluate(args, specs, budget, stop, state)
+            _evaluate(args, specs, budget, stop, state, out_dir)
+    except NoSpaceError:
+        raise
+    except (OSError, RuntimeError) as exc:
+        if stop.signum or not is_disk_full(exc):
+            raise
+        raise NoSpaceError(no_space(f"into {out_dir} (while {state['doing']})", out_dir, exc,
+                                    after=f"{state['finished']} of {total} run(s) are finished and kept; free "
+                                          "space, then rerun the same command: finished runs are reused")) from None
     except BaseException as exc:
         # After a signal, whatever a library underneath made of it, this is the stop it asked for.
         if not (stop.signum or isinstance(exc, KeyboardInterrupt)):
@@ -439,9 +471,8 @@ def _resumable(todo: list, checkpoints: EpochCheckpoints, report: dict) -> dict:
     return resumable
 
 
-def _evaluate(args, specs, budget: Budget, stop: _Stop, state: dict) -> Path:
+def _evaluate(args, specs, budget: Budget, stop: _Stop, state: dict, out_dir: Path) -> None:
     """Every (model, task, seed) of the command not cached in OUT/results.json; `state` says how far it got."""
-    out_dir = ensure_output_dir(args.out, "--out")  # a file or a read-only folder fails before any training
     results = Results.open(out_dir)
     checkpoints = EpochCheckpoints(out_dir)
     tasks, weights, reused, todo, report, resumable = _plan(args, specs, budget, results, checkpoints, state)
@@ -477,7 +508,6 @@ def _evaluate(args, specs, budget: Budget, stop: _Stop, state: dict) -> Path:
                     _run_seed(args, spec, model, seed, key, prep, weights[model], results, checkpoints,
                               resumable.get((model, spec.name, seed), 0), steps, progress, stop, state)
             tp.splits = None
-    return out_dir
 
 
 def _run_seed(args, spec, model, seed, key, prep, weights, results, checkpoints, resume_epoch, steps, progress, stop, state):

@@ -97,6 +97,7 @@ import numpy as np
 
 from detour import io
 from detour.errors import DetourError
+from detour.flags import positive_int
 
 SCHEMA = "detour.eval/1"
 COMPARE_SCHEMA = "detour.compare/2"
@@ -700,9 +701,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--b", help="model B; without --a/--b, two files of one model each give A then B")
     parser.add_argument("--tasks", help="comma-separated tasks (default: every task both models ran)")
     parser.add_argument("--metric", help="metric to compare (default: each task's headline metric)")
-    parser.add_argument("--resamples", type=int, default=10_000,
+    parser.add_argument("--resamples", type=positive_int, default=10_000,
                         help="bootstrap resamples for the confidence interval (default 10000)")
-    parser.add_argument("--patterns", type=int, default=PATTERNS,
+    parser.add_argument("--patterns", type=positive_int, default=PATTERNS,
                         help=f"random sign patterns for the p-value when there are more than 2^20 (default {PATTERNS}); "
                         "up to 2^20 all are counted and p is exact")
     parser.add_argument("--standardise", action="store_true",

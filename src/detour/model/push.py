@@ -28,6 +28,7 @@ from pathlib import Path
 
 from detour.errors import DetourError
 from detour.io import check_output_location
+from detour.lock import folder_lock
 from detour.runs import RunFolder
 
 
@@ -125,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             print(f"dry run: would write these files into {args.out}")
         else:
-            _write_bundle(folder, [name for name, _ in files], args.out)
+            with folder_lock(Path(args.run)):  # a training resumed into RUN would replace the export mid-copy
+                _write_bundle(folder, [name for name, _ in files], args.out)
             print(f"wrote {len(files)} files into {args.out}")
         if args.push_to_hub is None:
             return 0
@@ -157,10 +159,12 @@ def run(args: argparse.Namespace) -> int:
         raise DetourError("HF_HUB_OFFLINE is set: unset it to push; nothing was uploaded")
     api = HfApi(token=token)
     try:
-        repo = api.create_repo(args.push_to_hub, private=args.private, exist_ok=True)
-        # "*/*" keeps the exports taken during a phase (export/<phase>/<tokens>/) out of this one's repository
-        commit = api.upload_folder(repo_id=repo.repo_id, folder_path=folder, ignore_patterns=["*/*"],
-                                   commit_message=args.commit_message or f"detour export: {title}")
+        # The run's lock: a training resumed into RUN meanwhile would replace the export mid-upload.
+        with folder_lock(Path(args.run)):
+            repo = api.create_repo(args.push_to_hub, private=args.private, exist_ok=True)
+            # "*/*" keeps the exports taken during a phase (export/<phase>/<tokens>/) out of this one's repository
+            commit = api.upload_folder(repo_id=repo.repo_id, folder_path=folder, ignore_patterns=["*/*"],
+                                       commit_message=args.commit_message or f"detour export: {title}")
     except Exception as exc:
         # The Hub's answers (HfHubHTTPError; ValueError when it refuses the card's metadata) and the
         # HTTP library's own errors (no connection) are the user's to fix: one line, no traceback.

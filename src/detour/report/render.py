@@ -16,7 +16,9 @@ import html
 import io
 from pathlib import Path
 
-from detour.io import atomic_write, ensure_output_dir, write_text
+from detour.errors import NoSpaceError
+from detour.io import atomic_write, ensure_output_dir, is_disk_full, no_space, write_text
+from detour.lock import folder_lock
 from detour.report import analyses, sections
 from detour.report.collect import Study, collect, synthetic_reasons
 from detour.report.page import FIGURES_DIR, Page
@@ -114,7 +116,22 @@ def html_text(title: str, page: Page, warning: str | None, images: dict[str, byt
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> dict:
     """Write report.md, its figures and report.html for a study or twins folder; returns the paths written."""
     s = collect(run_dir)  # a bad folder fails here, before anything is written
+    existed = Path(out if out is not None else run_dir).exists()
     out = ensure_output_dir(Path(out) if out is not None else Path(run_dir), "--out")
+    # One writer per folder: a report into a study folder is refused while that study runs (the
+    # study's own report step already holds the lock, and takes it again).
+    with folder_lock(out, remove_if_empty=not existed):
+        try:
+            return _write(s, out)
+        except (OSError, RuntimeError, ValueError) as exc:
+            if not is_disk_full(exc):
+                raise
+            raise NoSpaceError(no_space(f"the report into {out}", out, exc,
+                                        after="files already there are whole (each is written atomically); free "
+                                              "space, then rerun the same command")) from None
+
+
+def _write(s, out: Path) -> dict:
     title, page = build(s)
     warning = banner(s)
     images = {name: _png(fig) for name, fig in page.figures.items()}

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from detour.io import file_sha256, write_json
+from detour.runs import LOCK_FILE
 
 SCHEMA = "detour.study.hashes/1"
 
@@ -52,7 +53,8 @@ class ContentHashes:
         if path.is_file():
             return self.file(path)
         h = hashlib.sha256()
-        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        # the lock file says who writes there now, not what was written
+        for f in sorted(p for p in path.rglob("*") if p.is_file() and p.name != LOCK_FILE):
             h.update(f"{f.relative_to(path)}:{self.file(f)}\n".encode())
         return "dir:" + h.hexdigest()
 

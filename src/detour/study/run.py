@@ -20,11 +20,11 @@ study then exits with status 75, as `detour train` does.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +33,8 @@ from pathlib import Path
 
 from detour.errors import DetourError
 from detour.io import write_json, write_text
-from detour.stop import RESUMABLE_EXIT, stop_signals_to
+from detour.lock import folder_lock
+from detour.stop import RESUMABLE_EXIT, die_with_parent, stop_signals_to
 from detour.study.graph import SYNTHETIC_TASK, Step, build_steps, output_hash, step_key
 from detour.study.hashes import ContentHashes
 from detour.study.spec import StudySpec, load_study
@@ -170,16 +171,6 @@ class _Child:
             raise KeyboardInterrupt
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the study itself is killed (kill -9), so no step runs on orphaned."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def run_command(argv: list[str], log_path: Path, child: _Child) -> int:
     print(f"  $ detour {shlex.join(argv)}", flush=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +180,8 @@ def run_command(argv: list[str], log_path: Path, child: _Child) -> int:
         # its own session: Ctrl-C on the terminal reaches the study, which passes it on once
         child.proc = subprocess.Popen([sys.executable, "-m", "detour.cli", *argv], stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, bufsize=1, env=env,
-                                      start_new_session=True, preexec_fn=_die_with_parent)
+                                      start_new_session=True,
+                                      preexec_fn=functools.partial(die_with_parent, os.getpid()))
         for line in child.proc.stdout:
             sys.stdout.write("    " + line)
             sys.stdout.flush()
@@ -205,8 +197,9 @@ def clear_stale(step: Step, out: Path) -> None:
         return  # eval keeps what still matches (its own cache); analyses and prepare overwrite
     folder = out / "arms" / step.name.split(":", 1)[1]
     if folder.is_dir() and RunFolder(folder).is_run():
-        print(f"  replacing {folder}: its inputs changed", flush=True)
-        shutil.rmtree(folder)
+        with folder_lock(folder):  # never under a training that still runs there (FolderLocked names it)
+            print(f"  replacing {folder}: its inputs changed", flush=True)
+            shutil.rmtree(folder)
 
 
 def _act(step: Step, spec: StudySpec, out: Path) -> None:
@@ -329,8 +322,10 @@ def run_study(spec: StudySpec, out: Path, dry_run: bool = False) -> int:
     if dry_run:
         print_plan(spec, out.resolve(), steps)
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    return execute(spec, out.resolve(), steps)
+    # One study process per folder; its steps lock their own folders (arms/NAME, eval/TASK), so a
+    # rerun cannot start a step whose process from before is still alive.
+    with folder_lock(out):
+        return execute(spec, out.resolve(), steps)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -143,11 +143,13 @@ class StudySpec(_Strict):
 
 
 def load_study(path: str | Path) -> StudySpec:
-    from detour.io import read_yaml_mapping
+    from detour.io import read_yaml_mapping, why_missing
 
     path = Path(path)
     if not path.is_file():
-        raise DetourError(f"study file {path}: not found")
+        why = why_missing(path)
+        raise DetourError(f"study file {path}: {why}" if why not in (None, "no such file or folder")
+                          else f"study file {path}: not found")
     return study_from_dict(read_yaml_mapping(path, "study file"), path, path.resolve().parent)
 
 

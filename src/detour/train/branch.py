@@ -83,7 +83,7 @@ def phase_end_checkpoint(run: Path, phase_index: int, phase_name: str) -> Checkp
         if is_phase_end(state) and state["phase_index"] == phase_index + 1:
             problem = verify_checkpoint(path)
             if problem:
-                raise DetourError(f"--from {run}: the checkpoint at the end of phase {phase_name!r} is corrupt: {problem}")
+                raise DetourError(f"--from {run}: the checkpoint at the end of phase {phase_name!r} cannot be used: {problem}")
             return Checkpoint(path, state)
     raise DetourError(f"--from {run}: no checkpoint at the end of phase {phase_name!r} in {RunFolder(run).checkpoints} "
                       "(the parent has not finished that phase, or its phase-end checkpoint was pruned: "

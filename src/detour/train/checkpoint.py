@@ -9,13 +9,13 @@ A checkpoint is written into a hidden temporary folder and renamed into place, s
 `step-*` is always complete: a crash or kill -9 mid-write leaves only a `.tmp-*` folder, which the
 next save or resume removes. Its `manifest.json`, written last, holds the size and sha256 of every
 file; `--resume` verifies it, names a corrupt or truncated file and falls back to the newest good
-checkpoint. A write failure (disk full, read-only, quota) removes the temporary folder and leaves
+checkpoint. A checkpoint without a manifest is skipped the same way (named as unverified), unless
+`--trust-unverified-checkpoint` accepts it with a warning. A write failure (disk full, read-only, quota) removes the temporary folder and leaves
 the earlier checkpoints intact. Nothing is unpickled: tensors are read with `weights_only=True`.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from detour.errors import DetourError
-from detour.io import file_sha256
+from detour.io import file_sha256, is_disk_full, no_space
 from detour.train.world import World
 
 PREFIX = "step-"
@@ -62,6 +62,10 @@ def is_phase_end(state: dict[str, Any] | None) -> bool:
 
 
 MANIFEST = "manifest.json"
+# A checkpoint with its state but no manifest: written by a detour before checkpoints carried one,
+# or a manifest lost since. Nothing says its files are whole, so it is used only when asked for.
+UNVERIFIED = f"it has no {MANIFEST}, so its files cannot be verified"
+TRUST_FLAG = "--trust-unverified-checkpoint"
 
 
 class CheckpointWriteError(DetourError):
@@ -81,8 +85,8 @@ def verify_checkpoint(path: Path) -> str | None:
     """None if every file matches the manifest; else what is wrong, naming the file."""
     manifest = path / MANIFEST
     if not manifest.is_file():
-        if (path / "state.json").is_file():  # written before checkpoints carried a manifest
-            return None
+        if (path / "state.json").is_file():
+            return UNVERIFIED
         return f"{manifest} is missing (the checkpoint is incomplete)"
     try:
         files = json.loads(manifest.read_text())["files"]
@@ -113,14 +117,14 @@ def _space(folder: Path, model, optimizer) -> tuple[int, int | None]:
 
 def _write_failure(final: Path, error: OSError | None, model, optimizer) -> str:
     needed, free = _space(final.parent, model, optimizer)
-    what = (error.strerror if error is not None and error.strerror else str(error or "failed on another rank"))
-    if free is not None and free < needed and (error is None or error.errno != errno.ENOSPC):
-        # torch reports a full disk as an internal assertion ("unexpected pos", "iostream error")
-        what = f"No space left on device (the writer said: {what})"
+    after = "The temporary folder was removed and earlier checkpoints are intact: free space, then rerun with --resume"
+    # torch reports a full disk as an internal assertion ("unexpected pos", "iostream error")
+    if (error is not None and is_disk_full(error)) or (free is not None and free < needed):
+        return no_space(f"checkpoint {final}", final.parent, error, needed, after)
+    what = error.strerror if error is not None and error.strerror else str(error or "failed on another rank")
     space = f"it needs about {needed / 2**20:,.0f} MiB" + (
         f"; {free / 2**20:,.0f} MiB are free there" if free is not None else "")
-    return (f"writing checkpoint {final} failed: {what}; {space}. The temporary folder was removed and earlier "
-            f"checkpoints are intact: free space, then rerun with --resume")
+    return f"writing checkpoint {final} failed: {what}; {space}. {after}"
 
 
 def save_checkpoint(root: Path, step: int, model, optimizer, generator: torch.Generator,
@@ -204,17 +208,28 @@ def list_checkpoints(root: Path) -> list[Path]:
                   and ((p / MANIFEST).is_file() or (p / "state.json").is_file()))
 
 
-def latest_checkpoint(root: Path, warn=None) -> Checkpoint | None:
+def latest_checkpoint(root: Path, warn=None, trust_unverified: bool = False) -> Checkpoint | None:
     """The newest checkpoint whose files match their checksums; corrupt ones are named and skipped.
 
-    None when there is no checkpoint folder at all. Checkpoint folders that are all unusable are an
-    error, never a silent fresh start.
+    A checkpoint without a manifest is skipped as unverified too, unless `trust_unverified` (then
+    it is used with a WARNING: an old run's checkpoints). None when there is no checkpoint folder
+    at all. Checkpoint folders that are all unusable are an error, never a silent fresh start.
     """
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
     candidates = checkpoint_folders(root)
     problems = []
     for path in reversed(candidates):
         problem = verify_checkpoint(path)
+        if problem == UNVERIFIED:
+            if trust_unverified:
+                warn(f"detour: WARNING: resuming from unverified checkpoint {path}: {UNVERIFIED} "
+                     f"({TRUST_FLAG}); a damaged file in it would go unnoticed")
+                problem = None
+            else:
+                warn(f"detour: skipping unverified checkpoint {path}: {UNVERIFIED}; {TRUST_FLAG} uses it "
+                     "anyway (a checkpoint of an older detour)")
+                problems.append(f"{path}: {UNVERIFIED}")
+                continue
         if problem is None:
             try:
                 state = json.loads((path / "state.json").read_text())
@@ -227,8 +242,9 @@ def latest_checkpoint(root: Path, warn=None) -> Checkpoint | None:
         warn(f"detour: skipping corrupt checkpoint {path}: {problem}")
         problems.append(problem)
     if problems:
+        hint = f" ({TRUST_FLAG} resumes from one without a manifest)" if any(UNVERIFIED in p for p in problems) else ""
         raise DetourError(f"no usable checkpoint in {root}: " + "; ".join(problems)
-                          + ". Nothing was deleted; move the folder away to start the run again")
+                          + f". Nothing was deleted; move the folder away to start the run again{hint}")
     return None
 
 

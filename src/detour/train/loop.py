@@ -43,6 +43,7 @@ from detour.train.world import World, check_strategy, init_world, shutdown_world
 from detour.train.trackers import Trackers
 from detour.stop import StopFlag, stop_signals_to
 from detour.runs import RunFolder
+from detour.lock import folder_lock
 
 class TrainingStopped(Exception):
     """A signal asked the run to stop; a checkpoint was saved first."""
@@ -64,18 +65,32 @@ def fresh_state(world_size: int) -> dict[str, Any]:
 
 
 @quiet_transformers()  # detour shows progress itself; transformers' bars and load reports only add noise
-def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
+def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool = True,
+          trust_unverified: bool = False) -> TrainResult:
+    """Run `recipe` into `out`, holding the folder's lock (detour.lock) from the first check to the end.
+
+    `trust_unverified`: resume from a checkpoint that has no manifest (written by a detour before
+    checkpoints carried one), with a warning; without it such a checkpoint is skipped.
+    """
     out = Path(out)
-    run = RunFolder(out)
     world = init_world()
     device = select_device(recipe.device, world.local_rank)
     recipe.grad_accumulation(world.size)  # a full step splits evenly; a phase's last one need not
     check_strategy(recipe, world)
     preflight(recipe, out)
+    # Rank 0 holds the lock for the job: every rank writes into the same folder by design.
+    with folder_lock(out, enabled=world.main):
+        return _train(recipe, out, resume, progress, trust_unverified, world, device)
+
+
+def _train(recipe: Recipe, out: Path, resume: bool, progress: bool, trust_unverified: bool, world: World,
+           device) -> TrainResult:
+    run = RunFolder(out)
     trackers = Trackers(recipe, out, enabled=world.main)  # a missing tracker package stops the run here
     check_out_dir(out, recipe, resume)
     # Verified before anything is built or written: a run whose checkpoints are all unusable stops here.
-    ckpt = latest_checkpoint(run.checkpoints, warn=None if world.main else lambda _msg: None) if resume else None
+    ckpt = latest_checkpoint(run.checkpoints, warn=None if world.main else lambda _msg: None,
+                             trust_unverified=trust_unverified) if resume else None
     if resume and ckpt is None and world.main:
         print(f"detour: --resume: no checkpoint in {run.checkpoints}; starting from the beginning",
               file=sys.stderr)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import yaml
@@ -22,6 +23,7 @@ from rich.table import Table
 
 from detour.config import Recipe, load_recipe, recipe_to_dict
 from detour.errors import DetourError
+from detour.lock import folder_lock
 
 
 TRACKERS = ("tensorboard", "wandb")
@@ -57,6 +59,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a recipe field, e.g. --set phases.0.tokens=50k (repeatable)")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved recipe and the plan, then exit")
     parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+    parser.add_argument("--trust-unverified-checkpoint", action="store_true",
+                        help="with --resume: accept a checkpoint that has no manifest.json (written by an older "
+                             "detour) with a warning; by default such a checkpoint is skipped as unverified")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar or log lines on stdout (metrics.jsonl still written)")
     parser.add_argument("--report-to", action=_ReportTo, metavar="TRACKER",
@@ -102,6 +107,15 @@ def print_plan(recipe: Recipe, title: str = "") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return _run(args)
+    # Taken before torch is even imported, so a second writer is refused in a moment; train()
+    # takes it again (the same process may).
+    with folder_lock(args.out, enabled=int(os.environ.get("RANK", "0")) == 0):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from detour.stop import RESUMABLE_EXIT
     from detour.train.loop import TrainingStopped, train
 
@@ -114,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         print_plan(recipe)
         return 0
     try:
-        result = train(recipe, args.out, resume=args.resume, progress=not args.no_progress)
+        result = train(recipe, args.out, resume=args.resume, progress=not args.no_progress,
+                       trust_unverified=args.trust_unverified_checkpoint)
     except TrainingStopped as stop:
         print(f"detour train: {stop}", file=sys.stderr)
         return RESUMABLE_EXIT

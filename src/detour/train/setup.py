@@ -6,6 +6,8 @@ r = load_recipe('recipes/tiny-modernbert.yaml'); print(build_model(r, select_dev
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from detour.config import OptimizerSpec, Recipe
@@ -135,3 +137,16 @@ def preflight(recipe: Recipe, out=None, data: bool = True, parent: bool = True) 
         from detour.io import check_output_location
 
         check_output_location(out)
+        check_out_is_not_data(recipe, out)
+
+
+def check_out_is_not_data(recipe: Recipe, out) -> None:
+    """A run folder inside a prepared corpus would mix checkpoints into the data (and a later
+    `detour prepare --overwrite` of that corpus would refuse or delete them)."""
+    where = Path(out).resolve()
+    for i, source in enumerate(recipe.data.sources):
+        data = Path(source.path).resolve()
+        if where == data or data in where.parents:
+            raise DetourError(f"--out {out}: is {'the' if where == data else 'inside the'} data folder of "
+                              f"data.sources.{i} ({source.path}); give the run a folder of its own, e.g. "
+                              f"--out runs/{recipe.name}")

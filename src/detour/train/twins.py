@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from detour.config import Recipe, apply_overrides, baseline_of, load_recipe, rec
 from detour.errors import DetourError
 from detour.io import write_json
 from detour.train.run import add_common_arguments, branch_overrides, describe_branch, print_plan
+from detour.lock import folder_lock
 from detour.runs import TWINS_FILE, RunFolder
 
 MAIN_ARMS = ("detour", "baseline")
@@ -210,15 +212,20 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
 
 
 def run_twins(recipe: Recipe, out: Path, resume: bool = False, progress: bool = True,
-              arms: dict[str, Recipe] | None = None) -> dict:
-    from detour.train.loop import train
-
-    from detour.train.loop import check_out_dir
+              arms: dict[str, Recipe] | None = None, trust_unverified: bool = False) -> dict:
     from detour.train.setup import preflight
 
     arms = arms or build_arms(recipe)
     for name, arm in arms.items():  # every arm's inputs, before any arm trains
         preflight(arm, out / name)
+    # The twins folder's lock (rank 0's) covers twins.json; each arm's training takes its own.
+    with folder_lock(out, enabled=int(os.environ.get("RANK", "0")) == 0):
+        return _run_arms(arms, out, resume, progress, trust_unverified)
+
+
+def _run_arms(arms: dict[str, Recipe], out: Path, resume: bool, progress: bool, trust_unverified: bool) -> dict:
+    from detour.train.loop import check_out_dir, train
+
     resolved, done = {}, {}
     for name, arm in arms.items():
         resolved[name] = done[name] = _branch_point(name, arm, done, out)
@@ -230,7 +237,7 @@ def run_twins(recipe: Recipe, out: Path, resume: bool = False, progress: bool = 
         if resume and finished.is_file():
             summaries[name] = json.loads(finished.read_text())
         else:
-            result = train(arm, folder, resume=resume, progress=progress)
+            result = train(arm, folder, resume=resume, progress=progress, trust_unverified=trust_unverified)
             summaries[name] = result.summary
         groups = groups or _groups_of(arm, folder)
     if not summaries["detour"]:  # not the main process under torchrun: rank 0 writes the report
@@ -252,6 +259,13 @@ def _groups_of(recipe: Recipe, folder: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return _run(args)
+    with folder_lock(args.out, enabled=int(os.environ.get("RANK", "0")) == 0):  # before torch loads: refused at once
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from detour.stop import RESUMABLE_EXIT
     from detour.train.loop import TrainingStopped
 
@@ -275,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
             print_plan(arm, {"detour": "detour arm", "baseline": "MLM baseline arm"}.get(name, f"arm {name}"))
         return 0
     try:
-        report = run_twins(recipe, Path(args.out), resume=args.resume, progress=not args.no_progress, arms=arms)
+        report = run_twins(recipe, Path(args.out), resume=args.resume, progress=not args.no_progress, arms=arms,
+                           trust_unverified=args.trust_unverified_checkpoint)
     except TrainingStopped as stop:
         print(f"detour twins: {stop}", file=sys.stderr)
         return RESUMABLE_EXIT
