@@ -310,6 +310,7 @@ def test_a_stop_before_the_steps_process_exists_is_recorded_on_that_step(tmp_pat
                                                                     (first_action.name, "stopped")]
 
 
+@pytest.mark.slow
 def test_the_steps_of_a_study_killed_with_9_are_gone_a_second_later(tmp_path, minilm):
     """Each step's process asks the kernel (PR_SET_PDEATHSIG) to be killed with its study, and so do
     prepare's tokenizer workers: no step goes on writing beside the rerun."""
