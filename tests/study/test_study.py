@@ -332,6 +332,7 @@ def test_dry_run_estimates_each_task_for_its_own_epochs(tmp_path, capsys):
     assert "4 fine-tunes x 3 epochs (its spec's), ~" in printed  # the generated task's spec: 3
 
 
+@pytest.mark.slow
 def test_the_steps_of_a_study_killed_with_9_are_gone_a_second_later(tmp_path, minilm):
     """Each step's process asks the kernel (PR_SET_PDEATHSIG) to be killed with its study, and so do
     prepare's tokenizer workers: no step goes on writing beside the rerun."""

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from detour.stop import RESUMABLE_EXIT
@@ -84,6 +85,7 @@ def test_rerun_without_resume_refuses(synthetic_data, reference):
     assert done.returncode == 2 and "--resume" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_second_train_into_the_same_folder_is_refused_at_once_and_the_first_ends_bit_identical(
         synthetic_data, reference, tmp_path):
     """Two real `detour train --out SAME`: the second (with --resume, which cleans leftovers) stops
@@ -99,6 +101,8 @@ def test_a_second_train_into_the_same_folder_is_refused_at_once_and_the_first_en
             assert time.time() < deadline, "the first run never logged a step"
             time.sleep(0.02)
         first.send_signal(signal.SIGSTOP)
+        while psutil.Process(first.pid).status() != psutil.STATUS_STOPPED:  # the signal lands a moment later
+            time.sleep(0.01)
         before = sorted(p.relative_to(out) for p in out.rglob("*"))
         try:
             t0 = time.time()

@@ -108,8 +108,9 @@ def _train(recipe: Recipe, out: Path, resume: bool, progress: bool, trust_unveri
         _start_out_dir(out, recipe, resume)
     world.barrier()
     optimizer = build_optimizer(model, recipe.optimizer)
-    # MLM masks come from the stream (see mask_key); this generator stays in checkpoints so that
-    # their format, and the runs that read them, do not change.
+    # MLM masks come from the stream (see mask_key): this generator is never drawn from, so whether
+    # a resume restores its state changes nothing. It stays in checkpoints so that their format,
+    # and the runs that read them, do not change.
     generator = torch.Generator().manual_seed(recipe.seed + world.rank)
     log = MetricsLog(run.metrics, enabled=world.main, trackers=trackers)
     state = _starting_state(recipe, ckpt, branch_ckpt, branch, model, optimizer, generator, stream, log, world)
