@@ -260,8 +260,6 @@ def run(args) -> int:
 
     # Models keep the names the user typed (an alias such as minilm-l6 too): results.json and
     # results.md name them so; every loader resolves an alias to its folder.
-    if args.seeds < 1:
-        raise DetourError("--seeds must be >= 1")
     if args.threads:
         import torch
 
@@ -322,6 +320,12 @@ def _options(args) -> dict:
             "linear_probe": bool(args.linear_probe)}
 
 
+def _task_setting(spec, splits: dict, budget: Budget, args) -> dict:
+    """A task's part of every run's key: its spec, the examples used and the command's options."""
+    return setting_of({"spec": spec_record(spec), "data_sha256": examples_sha256(capped_examples(splits, budget)),
+                       "options": _options(args)})
+
+
 def _dry_run(args, specs, budget: Budget) -> int:
     """Every check that needs no model, and the runs a real command would reuse or do; nothing written."""
     from detour.model.load import weights_hash
@@ -334,9 +338,7 @@ def _dry_run(args, specs, budget: Budget) -> int:
         splits = every_split[spec.name]
         _say(f"task {spec.name}: " + ", ".join(f"{len(splits[k])} {k}" for k in ("train", "validation", "test"))
              + f" examples ({spec.type}, {spec.format})")
-        setting = setting_of({"spec": spec_record(spec), "data_sha256": examples_sha256(capped_examples(splits, budget)),
-                              "options": _options(args)})
-        tasks.append(TaskPlan(spec, None, setting))
+        tasks.append(TaskPlan(spec, None, _task_setting(spec, splits, budget, args)))
     _, todo, report = _reuse_or_run(tasks, args.models, list(range(args.seeds)), weights, results)
     for label in ("reused", "rerun", "new"):
         for line in _groups(report[label]):
@@ -369,13 +371,10 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
     for model in args.models:
         state["doing"] = f"hashing the weights of {display_name(model)}"
         weights[model] = weights_hash(model)
-    options = _options(args)
     tasks: list[TaskPlan] = []
     for spec in specs:
         splits = every_split.pop(spec.name)
-        setting = setting_of({"spec": spec_record(spec), "data_sha256": examples_sha256(capped_examples(splits, budget)),
-                              "options": options})
-        tasks.append(TaskPlan(spec, splits, setting))
+        tasks.append(TaskPlan(spec, splits, _task_setting(spec, splits, budget, args)))
     seeds = list(range(args.seeds))
     reused, todo, report = _reuse_or_run(tasks, args.models, seeds, weights, results)
     planned = {(m, tp.spec.name, s) for tp in tasks for m in args.models for s in seeds}
