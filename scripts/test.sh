@@ -8,7 +8,10 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e ".[test]"
 set +e
-.venv/bin/python -m pytest -q --durations=10 "$@"  # the slowest tests listed: the suite keeps to about 10 minutes
+# Two workers (pytest-xdist), a test file per worker at a time: most tests wait on a subprocess
+# or import torch, so two cores run the suite in well under the serial time. DETOUR_TEST_WORKERS=0
+# runs it in one process.
+.venv/bin/python -m pytest -q --durations=10 -n "${DETOUR_TEST_WORKERS:-2}" --dist loadgroup "$@"  # the slowest tests listed: the suite keeps under 10 minutes
 rc=$?
 set -e
 # pytest exits 5 when it collected no tests: that is a failure of the suite, not a pass.

@@ -32,6 +32,22 @@ def pytest_configure(config):
         )
 
 
+def xdist_group_of(path: Path) -> str:
+    """The worker group of a test file: the file itself, except that the report tests share one
+    group, since they share one session-built study (half a minute of CPU again on a second worker)."""
+    rel = Path(path).resolve().relative_to(REPO)
+    return "tests/report" if rel.parts[:2] == ("tests", "report") else rel.as_posix()
+
+
+def pytest_collection_modifyitems(config, items):
+    # scripts/test.sh runs the suite on two workers (pytest-xdist, --dist loadgroup): each test
+    # file stays on one worker, so its module fixtures are built once.
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.path)))
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """`../shared/data` (biomedical corpora and task files); skips when absent."""

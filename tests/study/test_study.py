@@ -87,8 +87,11 @@ def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm)
     other = write_task(tmp_path / "other-task", (24, 12, 12), seed=5)
     study = _study(tmp_path)
     spec = yaml.safe_load(study.read_text())
+    # one task, the detour and its twin, one seed: the analyses, the generated task and more
+    # seeds add steps and runs, not cases
     spec["eval"]["tasks"] = [str(other)]
-    # the detour and its twin only: the analyses and the second seed add steps, not cases
+    spec["eval"].pop("synthetic_ner")
+    spec["eval"]["seeds"] = 1
     spec["arms"], spec["analyses"] = {}, {}
     study.write_text(yaml.safe_dump(spec))
     out = tmp_path / "out"
@@ -103,7 +106,7 @@ def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm)
     assert ("train:baseline", "stopped") in [(e["step"], e["event"]) for e in first]
 
     # 2. kill -9 of the study during the evaluation, once a seed is finished
-    results = out / "eval" / "synthetic-ner" / "results.json"
+    results = out / "eval" / other.stem / "results.json"
     proc = _spawn(study, out)
     _wait_for(lambda: results.is_file() and json.loads(results.read_text()).get("runs"), proc, "a finished seed")
     proc.kill()
@@ -120,9 +123,9 @@ def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm)
     third = _events(out)[len(first) + len(second):]
     ran = _started(third)
     assert "train:detour" not in ran and "train:baseline" not in ran and "prepare:corpus" not in ran
-    assert ran[0] == "eval:synthetic-ner" and ran[-1] == "report"
-    log = (out / ".study" / "logs" / "eval-synthetic-ner.log").read_text()
-    assert f"{4 - finished_seeds} of 4 run(s) to do" in log  # 2 arms x 2 seeds, the finished ones reused
+    assert ran == [f"eval:{other.stem}", "report"]
+    log = (out / ".study" / "logs" / f"eval-{other.stem}.log").read_text()
+    assert f"{2 - finished_seeds} of 2 run(s) to do" in log  # 2 arms x 1 seed, the finished one reused
     assert (out / "report.html").is_file() and (out / "twins.json").is_file()
     assert f"report: {out / 'report.html'}" in output
 
