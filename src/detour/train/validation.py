@@ -36,10 +36,11 @@ from pathlib import Path
 import torch
 
 from detour.config import PhaseSpec, Recipe
-from detour.data.packing import PackedStream, collate
+import numpy as np
+
+from detour.data.packing import PackedSequence, PackedStream, collate
 from detour.data.shards import prepared_fingerprint, read_manifest, validation_split
 from detour.errors import DetourError
-from detour.train.distributed import DataParallelism, stand_in_batch
 from detour.train.world import World
 
 PACKING_SEED = 0  # one order of the held-out documents for every run, whatever its data.shuffle_seed
@@ -110,7 +111,9 @@ class Validation:
         # As many forwards on every rank: FSDP gathers weights in each one (a collective).
         count = -(-(-(-len(sequences) // world.size)) // micro)
         parts = [mine[i:i + micro] for i in range(0, len(mine), micro)]
-        self.batches = [collate(p, pad_id) for p in parts] + [stand_in_batch(pad_id)] * (count - len(parts))
+        # A rank with fewer sequences runs one pad token instead (no label): distributed.stand_in_batch's batch.
+        pad = PackedSequence(np.asarray([pad_id]), np.zeros(1, np.int64), np.zeros(1, np.int64), index=-1)
+        self.batches = [collate(p, pad_id) for p in parts] + [collate([pad], pad_id)] * (count - len(parts))
         self.token_hashes = {s.index: hashlib.sha256(s.input_ids.astype("<i8").tobytes()
                                                      + s.doc_ids.astype("<i8").tobytes()).hexdigest() for s in mine}
         self.sequences = len(sequences)
@@ -120,7 +123,7 @@ class Validation:
         every = self.spec.every_tokens
         return phase_done or (every is not None and tokens_before // every != state["global_tokens"] // every)
 
-    def run(self, parallel: DataParallelism, phase: PhaseSpec, state: dict, record: dict, log, bar) -> dict:
+    def run(self, parallel, phase: PhaseSpec, state: dict, record: dict, log, bar) -> dict:
         """Score, write the record to metrics.jsonl and a line to the progress; kept in the phase's record
         (summary.json) at the phase end. Every rank calls it."""
         entry = {"kind": KIND, "phase": phase.name, "objective": phase.objective, "step": state["phase_step"],
@@ -132,7 +135,7 @@ class Validation:
             record["validation"] = {k: entry[k] for k in ("step", "global_step", "tokens", *VALUES)}
         return entry
 
-    def evaluate(self, parallel: DataParallelism, objective: str) -> dict:
+    def evaluate(self, parallel, objective: str) -> dict:
         model = parallel.model
         model.eval()  # no dropout; the masks come from their own generators, so training's RNG is untouched
         totals = torch.zeros(5, dtype=torch.float64)
