@@ -216,7 +216,7 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
                                                      for name, s in summaries.items()
                                                      if len(s["phases"]) == len(phases)}},
     }
-    if any(_validation_hashes(s) for s in summaries.values()):  # absent: twins.json as before `validation:`
+    if any(h for s in summaries.values() for h in _validation_hashes(s)):  # absent: twins.json as before `validation:`
         report["checks"]["validation_equal"], report["validation_vs_detour"] = compare_validation(summaries)
         report["end_of_decay_validation_mlm_loss"] = {
             "phase": last, **{name: list(s["phases"].values())[-1]["validation"]["mlm_loss"]
