@@ -26,7 +26,7 @@ from detour.runs import read_metrics, read_records
 from detour.train.distributed import DataParallelism
 from detour.train.setup import build_model, build_optimizer
 from detour.train.trackers import scalars
-from detour.train.twins import compare_arms
+from detour.train.twins import check_failures, compare_arms, describe_checks
 from detour.train.validation import Validation
 from detour.train.world import World
 from tests.train.conftest import RECIPES, TINY
@@ -131,6 +131,23 @@ def test_twins_score_the_same_held_out_points_and_say_so(held_out_data, tmp_path
     assert set(scalars(points["detour"][1])) == {"validation/mlm_loss", "validation/mlm_accuracy",
                                                  "validation/clm_loss", "validation/clm_perplexity"}
     assert (out / "detour" / "curves.png").is_file()
+
+
+def test_an_arm_without_validation_is_not_compared_and_fails_no_check():
+    def summary(validation_hash):
+        phase = {"objective": "mlm", "mask_rate": 0.15, "tokens": 10, "budget": 10, "stream_hash": "s",
+                 "mask_hash": "m", "final_loss": 1.0}
+        if validation_hash:
+            phase["validation"] = {"validation_hash": validation_hash, "mlm_loss": 2.0}
+        return {"seed": 17, "phases": {"decay": phase}}
+
+    report = compare_arms({"detour": summary("a"), "baseline": summary(None)})
+    assert report["checks"]["validation_equal"] is None
+    assert report["validation_vs_detour"]["baseline"].startswith("not compared")
+    assert "same validation set and masks: not compared" in describe_checks(report["checks"])
+    assert check_failures(report, "twins.json") is None
+    assert compare_arms({"detour": summary("a"), "baseline": summary("b")})["checks"]["validation_equal"] is False
+    assert "validation_equal" not in compare_arms({"detour": summary(None), "baseline": summary(None)})["checks"]
 
 
 # -- resume and branch ------------------------------------------------------------------------------
