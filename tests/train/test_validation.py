@@ -150,6 +150,21 @@ def test_an_arm_without_validation_is_not_compared_and_fails_no_check():
     assert "validation_equal" not in compare_arms({"detour": summary(None), "baseline": summary(None)})["checks"]
 
 
+def test_tensorboard_gets_the_held_out_values_against_the_runs_tokens(held_out_data, tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed (pip install "
+                                              "'clm-detour[tensorboard]')")
+    from tests.train.test_logging import _scalars
+
+    out = tmp_path / "run"
+    assert detour(_args("train", held_out_data, out, "--no-progress",
+                        sets=["logging.report_to=[tensorboard]", "validation.every_tokens=1k"])) == 0
+    points, scalars_ = _held_out(out), _scalars(out / "tensorboard")
+    assert scalars_["validation/mlm_loss"] == pytest.approx({r["run_tokens"]: r["mlm_loss"] for r in points})
+    assert scalars_["validation/clm_loss"] == pytest.approx(
+        {r["run_tokens"]: r["clm_loss"] for r in points if r["clm_loss"] is not None})
+    assert len(scalars_["loss"]) == len(read_metrics(out / "metrics.jsonl"))  # the steps' curve as before
+
+
 # -- resume and branch ------------------------------------------------------------------------------
 
 RESUME = ["phases.0.tokens=2600", "validation.every_tokens=768"]
