@@ -81,6 +81,25 @@ def test_held_out_masks_are_the_same_at_every_point_and_in_both_arms(held_out_da
     other = Validation(load_recipe(RECIPE, _sets(held_out_data, "validation.mask_seed=1")), World(),
                        tokenizer.pad_token_id, cpu).evaluate(parallel, "mlm")
     assert other["validation_hash"] != after["validation_hash"]
+    # a split named in validation.source is the same yardstick as the default one
+    named = Validation(load_recipe(RECIPE, _sets(held_out_data, f"validation.source={held_out_data / 'validation'}")),
+                       World(), tokenizer.pad_token_id, cpu).evaluate(parallel, "mlm")
+    assert named == after
+
+
+def test_a_point_is_a_line_above_the_bar_on_a_terminal(held_out_data):
+    import io
+
+    from rich.console import Console
+
+    from detour.train.metrics import Progress
+
+    recipe = load_recipe(RECIPE, _sets(held_out_data))
+    stream = io.StringIO()
+    with Progress(recipe, console=Console(file=stream, width=120, force_terminal=True, color_system=None)) as bar:
+        bar.start_phase(recipe.phases[0], 0, step=0)
+        bar.note("step 0 phase clm validation mlm_loss 10.3415 mlm_accuracy 0.0000 run_tokens 0")
+    assert "step 0 phase clm validation mlm_loss 10.3415" in stream.getvalue()
 
 
 def test_a_recipe_without_validation_is_unchanged_and_one_without_a_split_stops_before_training(
