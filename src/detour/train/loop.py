@@ -124,8 +124,7 @@ def _train(recipe: Recipe, out: Path, resume: bool, progress: bool, trust_unveri
 
     with stop_signals_to(StopFlag()) as stop, trackers, Progress(recipe, enabled=progress and world.main) as bar:
         if validation is not None and state["global_step"] == 0:  # the run's start: where every arm begins
-            validation.run(parallel, recipe.phases[0], state, state["phases"].setdefault(
-                recipe.phases[0].name, _phase_record(recipe.phases[0])), log, bar)
+            validation.run(parallel, recipe.phases[0], state, {}, log, bar)
         for index, phase in enumerate(recipe.phases):
             if index < state["phase_index"]:
                 continue

@@ -124,8 +124,8 @@ class Validation:
         return phase_done or (every is not None and tokens_before // every != state["global_tokens"] // every)
 
     def run(self, parallel, phase: PhaseSpec, state: dict, record: dict, log, bar) -> dict:
-        """Score, write the record to metrics.jsonl and a line to the progress; kept in the phase's record
-        (summary.json) at the phase end. Every rank calls it."""
+        """Score, write the record to metrics.jsonl and a line to the progress; at the phase end also into
+        the phase's `record` (saved in checkpoints, read into summary.json). Every rank calls it."""
         entry = {"kind": KIND, "phase": phase.name, "objective": phase.objective, "step": state["phase_step"],
                  "global_step": state["global_step"], "tokens": state["phase_tokens"],
                  "run_tokens": state["global_tokens"], **self.evaluate(parallel, phase.objective)}
@@ -136,6 +136,8 @@ class Validation:
         return entry
 
     def evaluate(self, parallel, objective: str) -> dict:
+        """The held-out values of the model now, all ranks together. `parallel` is the loop's
+        DataParallelism: the forward runs through its module, where FSDP gathers the weights."""
         model = parallel.model
         model.eval()  # no dropout; the masks come from their own generators, so training's RNG is untouched
         totals = torch.zeros(5, dtype=torch.float64)
