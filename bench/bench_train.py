@@ -40,6 +40,12 @@ The data path: the seconds the parent takes per micro-batch for what training do
 model runs (the packed stream's sequences, collation, MLM masks drawn from the stream, the causal
 attention masks), against each detour arm's median step time: the data path must be >= 50x faster
 than training consumes it, so it never shows in a profile.
+
+A validation point (`validation:` in a recipe, detour.train.validation): the seconds of one point at
+the defaults (32 held-out sequences, MLM at 15% with fixed masks plus, in a CLM phase, the CLM loss:
+the costlier case, timed here), in detour-clm steps, and the `validation.every_tokens` from which
+the points cost at most 5% of training at detour-clm's rate (the run's start and phase ends alone
+cost a handful of points a run).
 """
 
 from __future__ import annotations
@@ -321,6 +327,12 @@ def print_table(summary: dict) -> None:
         print(f"data path (stream + collate + stream masks + attention masks): "
               f"{d['micro_batch_s']['median'] * 1e3:.1f} ms per micro-batch")
     m = summary["matmul_gflops_fp32"]
+    v, clm = summary.get("validation"), summary["arms"].get("detour-clm")
+    if v and clm:
+        point, rate = v["point_s"]["median"], clm["tokens_per_s"]["median"]
+        print(f"validation point ({v['sequences']} sequences, MLM + CLM): {point:.2f} s = "
+              f"{point / clm['step_s']['median']:.2f} detour-clm steps; at most 5% of training from "
+              f"validation.every_tokens = {point * rate / 0.05:,.0f} tokens")
     print(f"fp32 matmul rate: {m['median']:.0f} GFLOP/s (min {m['min']:.0f}, max {m['max']:.0f}); "
           f"model FLOPs per step = {FLOPS_FORMULA}")
     for t in summary["targets"]:
@@ -371,6 +383,30 @@ def data_path(data: Path, seq_len: int, micro: int, n: int) -> dict:
             times.append(time.perf_counter() - t0)
     del model
     return {"micro_batch_s": _spread(times), "micro_batches": n}
+
+
+def validation_point(data: Path, seq_len: int, micro: int, sequences: int = 32, repeats: int = 3) -> dict:
+    """Seconds of one validation point at the defaults, in a CLM phase (MLM + CLM scores), as the loop runs it."""
+    import torch
+
+    from detour.data.packing import PackedStream, collate
+    from detour.model.objectives import held_out_scores
+
+    model, _ = _model("minilm")
+    stream = PackedStream.from_paths([(str(data), None)], seq_len=seq_len, seed=0)
+    held = [stream.next_sequence() for _ in range(sequences)]
+    batches = [collate(held[i:i + micro], pad_id=0) for i in range(0, sequences, micro)]
+    times = []
+    for _ in range(repeats + 1):  # 1 warm-up
+        t0 = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            for batch in batches:
+                held_out_scores(model, batch, "clm", 0.15, "validation/0")
+        model.train()
+        times.append(time.perf_counter() - t0)
+    del model
+    return {"point_s": _spread(times[1:]), "sequences": sequences, "tokens": sequences * seq_len}
 
 
 def _minilm() -> Path:
@@ -428,6 +464,7 @@ def main() -> None:
                 summary["arms"][name]["peak_live_mib"] = peak
         ratios(summary["arms"], "hf-mlm")
         summary["data_path"] = data_path(data, args.seq_len, args.micro_batch, 5 if args.quick else 30)
+        summary["validation"] = validation_point(data, args.seq_len, args.micro_batch, repeats=1 if args.quick else 3)
         summary["targets"] = targets(summary["arms"], summary["data_path"])
         shape = shape_check(data, args.threads, args.quick) if args.modernbert else None
         if shape is not None:

@@ -257,6 +257,25 @@ class DistributedSpec(_Strict):
                            "and optimizer state sharded over the processes (FSDP2)")
 
 
+class ValidationSpec(_Strict):
+    """A held-out MLM (and, in CLM phases, CLM) loss measured while training, on fixed sequences and masks."""
+
+    source: str | None = Field(
+        None, description="a folder written by `detour prepare` (default: the validation split of data.sources.0, "
+                          "from `detour prepare --validation`)")
+    every_tokens: int | None = Field(
+        None, description="also evaluate each time the run's tokens cross a multiple of this (always at the run's "
+                          "start and at every phase end)")
+    sequences: int = Field(32, gt=0, description="held-out packed sequences of data.seq_len tokens")
+    mask_rate: float = Field(0.15, gt=0, lt=1, description="MLM masking rate of the held-out sequences")
+    mask_seed: int = Field(0, ge=0, description="seed of the held-out masks (the same in every arm and at every point)")
+
+    @field_validator("every_tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v):
+        return None if v is None else parse_tokens(v)
+
+
 class Recipe(_Strict):
     name: str = "detour"
     model: ModelSpec
@@ -274,6 +293,7 @@ class Recipe(_Strict):
     logging: LoggingSpec = Field(default_factory=LoggingSpec, description="log lines and trackers")
     distributed: DistributedSpec = Field(default_factory=DistributedSpec,
                                          description="multi-process strategy: ddp or fsdp")
+    validation: ValidationSpec | None = Field(None, description="held-out loss during training (default: none)")
 
     @model_validator(mode="after")
     def _unique_phase_names(self):
@@ -408,6 +428,8 @@ def recipe_to_dict(recipe: Recipe) -> dict:
     # it was before the field existed.
     if recipe.distributed == DistributedSpec():
         del tree["distributed"]
+    if recipe.validation is None:
+        del tree["validation"]
     return tree
 
 

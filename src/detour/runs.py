@@ -4,7 +4,8 @@
 
     RUN/
       recipe.json              the resolved recipe, written when the run starts
-      metrics.jsonl            one JSON record per logged step (train loss, lr, tokens, phase)
+      metrics.jsonl            one JSON record per logged step (train loss, lr, tokens, phase), and records
+                               of another kind ("kind": "validation": a held-out loss) between them
       checkpoints/step-N/      resumable state (model, optimizer, stream position, manifest of checksums)
       export/PHASE/            a Hugging Face folder at the end of each phase
       export/PHASE/TOKENS/     mid-phase exports (a trajectory's points)
@@ -88,6 +89,12 @@ class RunFolder:
         return "\n".join(f"{name:12s} {getattr(self, name)}" for name in names)
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a metrics.jsonl, in order (json.JSONDecodeError on a damaged line)."""
+def read_records(path: str | Path) -> list[dict]:
+    """Every record of a metrics.jsonl, in order, of any kind (json.JSONDecodeError on a damaged line)."""
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The training steps' records of a metrics.jsonl, in order: a record with a "kind" (validation) is
+    not a step and is left out."""
+    return [r for r in read_records(path) if "kind" not in r]

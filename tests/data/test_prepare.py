@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from detour.cli import main
@@ -456,3 +457,68 @@ def test_prepare_into_a_full_filesystem_says_no_space_and_the_rerun_succeeds(sha
     disk.grow("8m")
     assert main(argv) == 0
     assert sum(corpus.num_tokens for corpus, _ in open_prepared(out)) > 100_000
+
+
+# -- the held-out split (--validation) --------------------------------------------------------------
+
+
+def _documents(folder) -> list[bytes]:
+    return [c.document(i).astype("<i8").tobytes() for c, _ in open_prepared(folder) for i in range(len(c))]
+
+
+def test_validation_split_is_document_disjoint_seeded_and_never_in_the_training_stream(minilm, tmp_path, capsys):
+    from detour.data.packing import PackedStream
+
+    sources = ["synthetic:clinical?docs=60&seed=1", "synthetic:clinical?docs=30&seed=2&lang=fr"]
+    whole = tmp_path / "whole"
+    assert main(["prepare", *sources, "--tokenizer", str(minilm), "--out", str(whole), "--workers", "1"]) == 0
+    split = tmp_path / "split"
+    assert main(["prepare", *sources, "--tokenizer", str(minilm), "--out", str(split), "--workers", "1",
+                 "--validation", "0.1"]) == 0
+    assert "held out 9 documents" in capsys.readouterr().out
+    manifest = json.loads((split / "manifest.json").read_text())
+    held = manifest["validation"]
+    assert (held["documents"], held["path"], held["requested"], held["seed"]) == (9, "validation", 0.1, 0)
+    assert [s["documents"] for s in manifest["sources"]] == [54, 27]  # round(0.1 x 60), round(0.1 x 30) held out
+    trained, kept = _documents(split), _documents(split / "validation")
+    assert len(kept) == 9 and held["tokens"] == sum(len(d) // 8 for d in kept)
+    assert not set(trained) & set(kept)  # no held-out document is a training document
+    assert sorted(trained + kept) == sorted(_documents(whole))  # and together they are the whole corpus
+    # The training stream reads the training sources only: an epoch of it holds exactly their tokens.
+    stream = PackedStream.from_paths([(str(split), None)], seq_len=64, seed=42)
+    assert stream.total_tokens == manifest["tokens"] == sum(len(d) // 8 for d in trained)
+    epoch = np.concatenate([stream.next_sequence().input_ids for _ in range(manifest["tokens"] // 64)])
+    on_disk = np.bincount(np.frombuffer(b"".join(trained), "<i8"), minlength=30522)
+    assert (np.bincount(epoch, minlength=30522) <= on_disk).all()  # every token taken from a training document
+    # the validation folder is a prepared folder of its own, with the same sources and tokenizer
+    assert [c.name for c, _ in open_prepared(split / "validation")] == [s["name"] for s in manifest["sources"]]
+    assert prepared_fingerprint(split / "validation") == prepared_fingerprint(split)
+    # seeded: the same command draws the same documents, another seed others; a count is per source
+    again = tmp_path / "again"
+    main(["prepare", *sources, "--tokenizer", str(minilm), "--out", str(again), "--workers", "1", "--validation", "0.1"])
+    assert json.loads((again / "manifest.json").read_text())["validation"]["hash"] == held["hash"]
+    other = tmp_path / "other"
+    main(["prepare", *sources, "--tokenizer", str(minilm), "--out", str(other), "--workers", "1",
+          "--validation", "5", "--validation-seed", "3"])
+    counted = json.loads((other / "manifest.json").read_text())
+    assert counted["validation"]["documents"] == 10 and counted["validation"]["hash"] != held["hash"]
+    # --overwrite replaces a prepared folder that holds a split: all of it is prepare's own
+    assert main(["prepare", *sources, "--tokenizer", str(minilm), "--out", str(other), "--workers", "1",
+                 "--overwrite"]) == 0
+    assert not (other / "validation").exists() and "validation" not in json.loads((other / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-3", "1.0", "two"])
+def test_validation_amount_that_is_no_fraction_or_count_exits_2(minilm, tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["prepare", "synthetic:clinical?docs=10&seed=0", "--tokenizer", str(minilm), "--out", str(tmp_path / "d"),
+              "--validation", value])
+    assert exc.value.code == 2 and "--validation" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+def test_validation_that_leaves_no_training_document_is_refused(minilm, tmp_path, capsys):
+    assert main(["prepare", "synthetic:clinical?docs=10&seed=0", "--tokenizer", str(minilm),
+                 "--out", str(tmp_path / "d"), "--validation", "10"]) != 0
+    assert "at least one must stay for training" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists() and not list(tmp_path.glob("d.tmp-*"))

@@ -28,6 +28,18 @@ earlier `detour prepare` (its manifest.json has "format": "detour-prepared/1" an
 nothing else than what prepare writes). Any other folder is refused, and so is a DIR that contains
 an input of the command (a source, the spec, the tokenizer folder): nothing of the user's is deleted.
 
+Held-out documents: `--validation 0.02` (a fraction of each source's documents) or
+`--validation 200` (that many documents of each source) moves documents, drawn at random with a
+seed (`--validation-seed`, default 0) and the source's position, into DIR/validation/, a prepared
+folder of its own in the same format (same source names and weights). Those documents are in no
+training source: a recipe trains on DIR and measures its held-out loss on DIR/validation
+(`validation:` in a recipe, docs/recipe.md). DIR/manifest.json counts the training documents and
+records the split under "validation": its documents, tokens and a hash of its token ids. The split
+is made after a source is tokenized, so the source's tokens are briefly on disk twice.
+
+    detour prepare "synthetic:clinical?docs=3000&seed=0" --tokenizer minilm-l6 --out runs/data/synthetic-minilm \
+        --validation 0.02
+
 Very long documents: the tokenizer needs about 140 bytes of memory per character it encodes at
 once (a 50 MB one-line document: some 7 GB). A document over 1,000,000 characters is therefore
 encoded in pieces of about 256K characters, cut only at a whitespace where the tokenizer is shown
@@ -40,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import multiprocessing
 import os
@@ -61,6 +74,9 @@ from detour.io import ensure_output_dir, is_disk_full, no_space, read_yaml_mappi
 from detour.stop import die_with_parent
 
 BATCH_DOCS = 256
+
+# The sub-folder holding the held-out documents (`--validation`): a prepared folder of its own.
+VALIDATION_DIR = "validation"
 
 # What a `detour prepare` run writes inside a source folder (ShardWriter and its manifest's temporary).
 _SOURCE_FILE = re.compile(r"manifest\.json(\.tmp)?|offsets\.bin|tokens-\d{5,}\.bin")
@@ -84,7 +100,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", help="YAML data spec listing the sources (see this module's docstring)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the output of an earlier `detour prepare` (never any other folder)")
+    parser.add_argument("--validation", type=validation_amount, metavar="DOCS_OR_FRACTION",
+                        help="hold out documents of each source into OUT/validation/: a fraction below 1 "
+                             "(0.02) or a count of documents (200); they are never trained on")
+    parser.add_argument("--validation-seed", type=int, default=0,
+                        help="seed of the draw of the held-out documents (default: 0)")
     parser.add_argument("--batch-docs", type=positive_int, default=BATCH_DOCS, help=argparse.SUPPRESS)
+
+
+def validation_amount(text: str) -> float | int:
+    """`--validation`: a fraction of documents (0 < x < 1) or a whole count of documents (1 or more)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.02 or a count such as 200, got {text!r}") from None
+    if 0 < value < 1:
+        return value
+    if value >= 1 and value.is_integer() and "." not in text and "e" not in text.lower():
+        return int(value)
+    raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1 (e.g. 0.02) or a whole count of "
+                                     f"documents (e.g. 200), got {text!r}")
 
 
 def _sources_from_args(args) -> tuple[list[tuple[Source, str | None]], str | None]:
@@ -122,8 +157,8 @@ def _sources_from_args(args) -> tuple[list[tuple[Source, str | None]], str | Non
     return out, spec_tokenizer
 
 
-def _names(sources: list[tuple[Source, str | None]]) -> list[str]:
-    names, seen = [], set()
+def _names(sources: list[tuple[Source, str | None]], reserved: tuple[str, ...] = ()) -> list[str]:
+    names, seen = [], set(reserved)
     for src, explicit in sources:
         base = re.sub(r"[^A-Za-z0-9_.-]+", "-", explicit or src.default_name).strip("-.") or "source"
         name, k = base, 2
@@ -223,11 +258,12 @@ def _input_inside(folder: Path, inputs: list[Path]) -> Path | None:
     return next((p for p in inputs if p == folder or folder in p.parents), None)
 
 
-def _foreign_entry(folder: Path) -> Path | None:
+def _foreign_entry(folder: Path, nested: bool = True) -> Path | None:
     """The first thing in `folder` that a `detour prepare` run does not write, or None.
 
     prepare writes manifest.json and one folder per source holding only manifest.json,
-    offsets.bin and tokens-NNNNN.bin (plus manifest.json.tmp while writing a manifest).
+    offsets.bin and tokens-NNNNN.bin (plus manifest.json.tmp while writing a manifest), and with
+    --validation a `validation` folder laid out the same way.
     """
     for entry in sorted(folder.iterdir()):
         if entry.is_symlink():
@@ -236,6 +272,11 @@ def _foreign_entry(folder: Path) -> Path | None:
             continue
         if not entry.is_dir():
             return entry
+        if nested and entry.name == VALIDATION_DIR and (entry / "manifest.json").is_file():
+            inner = _foreign_entry(entry, nested=False)
+            if inner is not None:
+                return inner
+            continue
         for inner in sorted(entry.iterdir()):
             if inner.is_symlink() or not inner.is_file() or not _SOURCE_FILE.fullmatch(inner.name):
                 return inner
@@ -285,14 +326,18 @@ def _check_out(out: Path, overwrite: bool, inputs: list[Path]) -> None:
 
 
 def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: Path, workers: int = 1,
-            overwrite: bool = False, batch_docs: int = BATCH_DOCS, inputs=()) -> dict:
+            overwrite: bool = False, batch_docs: int = BATCH_DOCS, inputs=(), validation: float | int | None = None,
+            validation_seed: int = 0) -> dict:
     """Tokenize `sources` into `out`; returns the manifest written.
 
     `inputs`: other paths the command reads (its YAML spec), protected like the sources.
+    `validation`: hold out this fraction (below 1) or count of each source's documents (module doc).
     """
     global _ENCODER
     if workers < 1:
         raise DetourError(f"--workers must be >= 1, got {workers}")
+    if validation is not None:
+        _check_validation_amount(validation, sources)
     out = Path(out)
     protected = _input_paths(sources, tokenizer_name, inputs)
     _check_out(out, overwrite, protected)
@@ -318,16 +363,22 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
             methods = multiprocessing.get_all_start_methods()
             ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
             pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer_name, policy, os.getpid()))
-        entries = []
+        entries, held_out = [], []
+        reserved = (VALIDATION_DIR,) if validation is not None else ()
         with _progress() as progress:
-            for (src, _), name in zip(sources, _names(sources)):
+            for position, ((src, _), name) in enumerate(zip(sources, _names(sources, reserved))):
                 writer = ShardWriter(tmp / name, dtype)
                 skipped = _write_source(src, writer, pool, batch_docs, progress, 2 * workers + 1)
                 if writer.num_documents == 0:
                     raise DetourError(f"{src.spec}: no documents (empty corpus; {skipped} empty document(s) skipped)")
                 info = {"name": name, "input": src.spec, "kind": src.kind, "synthetic": src.synthetic,
                         "weight": src.weight, "skipped_documents": skipped}
-                manifest = writer.close({**info, "tokenizer": str(tokenizer_name), "tokenizer_fingerprint": fingerprint})
+                meta = {**info, "tokenizer": str(tokenizer_name), "tokenizer_fingerprint": fingerprint}
+                manifest = writer.close(meta)
+                if validation is not None:
+                    manifest, kept = _hold_out(tmp, name, src.spec, meta, validation, validation_seed, position, dtype)
+                    held_out.append({**info, "path": name, "documents": kept["documents"], "tokens": kept["tokens"],
+                                     "hash": kept["hash"]})
                 entries.append({**info, "path": name, "documents": manifest["documents"], "tokens": manifest["tokens"]})
         top = {
             "format": CORPUS_FORMAT,
@@ -343,6 +394,13 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
             "dtype": dtype.str,
             "seq_len_independent": True,
         }
+        if validation is not None:
+            split = {**top, "split": VALIDATION_DIR, "documents": sum(e["documents"] for e in held_out),
+                     "tokens": sum(e["tokens"] for e in held_out), "skipped_documents": 0, "sources": held_out,
+                     "hash": _split_hash(held_out), "requested": validation, "seed": validation_seed}
+            write_json(tmp / VALIDATION_DIR / "manifest.json", split)
+            top["validation"] = {"path": VALIDATION_DIR, "documents": split["documents"], "tokens": split["tokens"],
+                                 "hash": split["hash"], "requested": validation, "seed": validation_seed}
         write_json(tmp / "manifest.json", top)
         # --out was checked before the run; check again now that it is about to be replaced
         _check_out(out, overwrite, protected)
@@ -361,6 +419,73 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
             pool.terminate()
             pool.join()
         _ENCODER = None
+
+
+# ---- the held-out split ----
+
+def _check_validation_amount(validation: float | int, sources: list[tuple[Source, str | None]]) -> None:
+    """Refuse, before anything is tokenized, an amount that is no fraction or count, or a count that
+    would leave a synthetic source (whose size is known now) without a training document."""
+    if isinstance(validation, bool) or not (isinstance(validation, int) and validation >= 1 or
+                                            isinstance(validation, float) and 0 < validation < 1):
+        raise DetourError(f"--validation: expected a fraction between 0 and 1 or a whole count of documents, "
+                          f"got {validation!r}")
+    for src, _ in sources:
+        if src.synthetic and isinstance(validation, int) and validation >= src.options["docs"]:
+            raise DetourError(f"--validation {validation}: {src.spec} has {src.options['docs']} documents; at least "
+                              "one must stay for training (hold out fewer)")
+
+
+def held_out_documents(n_documents: int, validation: float | int, seed: int, position: int) -> np.ndarray:
+    """The sorted indices of a source's held-out documents: a seeded draw without replacement.
+
+    A fraction holds out round(fraction x documents) of them, at least one.
+    """
+    k = validation if isinstance(validation, int) else max(1, round(validation * n_documents))
+    if k >= n_documents:
+        raise DetourError(f"--validation {validation}: would hold out {k} of {n_documents} documents; at least one "
+                          "must stay for training")
+    rng = np.random.default_rng([seed, position])
+    return np.sort(rng.choice(n_documents, size=k, replace=False))
+
+
+def _hold_out(tmp: Path, name: str, spec: str, meta: dict, validation, seed: int, position: int,
+              dtype) -> tuple[dict, dict]:
+    """Split the source tokenized into tmp/NAME: held-out documents into tmp/validation/NAME, the rest
+    back into tmp/NAME. Returns both manifests; the held-out one carries the hash of its tokens."""
+    from detour.data.shards import PreparedCorpus
+
+    whole = PreparedCorpus(tmp / name)
+    held = held_out_documents(whole.num_documents, validation, seed, position)
+    is_held = np.zeros(whole.num_documents, dtype=bool)
+    is_held[held] = True
+    train = ShardWriter(tmp / f"{name}.train", dtype)
+    kept = ShardWriter(tmp / VALIDATION_DIR / name, dtype)
+    digest = hashlib.sha256()
+    for start in range(0, whole.num_documents, BATCH_DOCS * 16):
+        block = range(start, min(start + BATCH_DOCS * 16, whole.num_documents))
+        for writer, wanted in ((train, False), (kept, True)):
+            docs = [whole.document(i) for i in block if is_held[i] == wanted]
+            if docs:
+                lengths = np.asarray([len(d) for d in docs], dtype=np.int64)
+                ids = np.concatenate(docs)
+                writer.add(ids, lengths)
+                if wanted:
+                    digest.update(lengths.astype("<i8").tobytes())
+                    digest.update(ids.astype("<i8").tobytes())
+    del whole  # its memory maps, before its files go
+    train_manifest = train.close({**meta, "validation_documents": len(held)})
+    kept_manifest = kept.close({**meta, "split": VALIDATION_DIR, "hash": digest.hexdigest(), "seed": seed})
+    shutil.rmtree(tmp / name)
+    (tmp / f"{name}.train").rename(tmp / name)
+    print(f"  {name}: held out {len(held):,} of {len(held) + train_manifest['documents']:,} documents "
+          f"({kept_manifest['tokens']:,} tokens) from {spec}", file=sys.stderr)
+    return train_manifest, kept_manifest
+
+
+def _split_hash(held_out: list[dict]) -> str:
+    """One hash of the held-out split: its sources' names and token hashes, in order."""
+    return hashlib.sha256("".join(f"{e['name']}:{e['hash']};" for e in held_out).encode()).hexdigest()
 
 
 def _owner_running(pid: int, folder: Path) -> bool:
@@ -419,7 +544,8 @@ def run(args) -> int:
     if not tokenizer_name:
         raise DetourError("no tokenizer given (--tokenizer NAME_OR_FOLDER, or `tokenizer:` in the spec)")
     manifest = prepare(sources, tokenizer_name, Path(args.out), args.workers, args.overwrite, args.batch_docs,
-                       inputs=[args.spec] if args.spec else [])
+                       inputs=[args.spec] if args.spec else [], validation=args.validation,
+                       validation_seed=args.validation_seed)
     for s in manifest["sources"]:
         tag = "  [SYNTHETIC]" if s["synthetic"] else ""
         weight = "" if s["weight"] is None else f"  weight {s['weight']:g}"
@@ -428,4 +554,8 @@ def run(args) -> int:
     print(f"prepared {manifest['documents']:,} documents, {manifest['tokens']:,} tokens "
           f"({manifest['skipped_documents']:,} empty skipped; token ids stored as "
           f"{np.dtype(manifest['dtype']).name}) -> {args.out}")
+    if "validation" in manifest:
+        held = manifest["validation"]
+        print(f"held out {held['documents']:,} documents, {held['tokens']:,} tokens (hash {held['hash'][:12]}) "
+              f"-> {Path(args.out) / held['path']}")
     return 0

@@ -7,6 +7,7 @@ Layout of a `detour prepare --out DIR`:
   DIR/<source>/manifest.json        this source's counts, dtype, shard list
   DIR/<source>/tokens-00000.bin     token ids, raw little-endian uint16 (vocab <= 65536) or uint32
   DIR/<source>/offsets.bin          int64, documents + 1 entries: document i is tokens [o[i], o[i+1])
+  DIR/validation/                   with `--validation`: the held-out documents, laid out as DIR is
 Offsets count tokens across the source's shards laid end to end; a document never straddles two
 shards. Nothing here depends on a sequence length: packing happens at training time.
 """
@@ -161,6 +162,26 @@ def open_prepared(path: str | Path) -> list[tuple[PreparedCorpus, float | None]]
         hint = " (this is one source; give its parent folder)" if manifest.get("format") == SOURCE_FORMAT else ""
         raise DetourError(f"{path}: not a `detour prepare` output folder{hint}")
     return [(PreparedCorpus(path / s["path"]), s.get("weight")) for s in manifest["sources"]]
+
+
+def validation_split(path: str | Path) -> Path | None:
+    """The held-out split `detour prepare --validation` wrote for a data source, or None.
+
+    `path` is a prepared folder (its split: DIR/validation) or one source folder inside it (that
+    source's part of the split: DIR/validation/SOURCE).
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    if manifest.get("format") == CORPUS_FORMAT:
+        split = manifest.get("validation")
+        return path / split["path"] if split else None
+    parent = path.parent
+    if not (parent / "manifest.json").is_file():
+        return None
+    split = read_manifest(parent).get("validation")
+    if not split or not (parent / split["path"] / path.name / "manifest.json").is_file():
+        return None
+    return parent / split["path"] / path.name
 
 
 def prepared_fingerprint(path: str | Path) -> str:

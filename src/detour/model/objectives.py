@@ -10,6 +10,9 @@ never kept and never recomputed.
 
 Losses are SUMS over label tokens; the training loop divides by the label count of the whole
 global batch, so CLM and MLM steps weigh tokens alike.
+
+`held_out_scores` measures without training: the same masks, attention and head, with plain
+chunked logits (no gradient to fuse), and also counts the label tokens the head predicts right.
 """
 
 from __future__ import annotations
@@ -196,6 +199,48 @@ def mlm_inputs(model, batch: dict, mask_rate: float, generator: torch.Generator 
     else:
         inputs, labels = mlm_masking(input_ids, maskable, mask_rate, generator, config.mask_token_id, random_pool)
     return inputs, labels
+
+
+def _head_scores(model, rows: torch.Tensor, targets: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of cross-entropies, count of argmax == target) of the MLM head on `rows`, chunked, no gradient."""
+    transform, decoder = mlm_head_parts(model)
+    loss = torch.zeros((), dtype=torch.float64, device=rows.device)
+    correct = torch.zeros((), dtype=torch.int64, device=rows.device)
+    if rows.shape[0] == 0:
+        return loss, correct
+    hidden = transform(rows)
+    for start in range(0, rows.shape[0], chunk_size):
+        logits = decoder(hidden[start:start + chunk_size]).float()
+        y = targets[start:start + chunk_size]
+        loss += F.cross_entropy(logits, y, reduction="sum").double()
+        correct += (logits.argmax(dim=-1) == y).sum()
+    return loss, correct
+
+
+def held_out_scores(model, batch: dict, objective: str, mask_rate: float, mask_key: str,
+                    chunk_size: int = CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums for a held-out loss on one batch, and the MLM labels drawn (their positions are hashed).
+
+    Returns (scores, labels): scores is float64 [5] = MLM loss sum, MLM label count, MLM correct
+    count, CLM loss sum, CLM label count (both CLM entries 0 unless `objective` is "clm"). The MLM
+    masks are the stream masks of `mask_key` and each row's `seq_index`: a pure function of both.
+    Call under torch.no_grad() with the model in eval mode.
+    """
+    inputs, labels = mlm_inputs(model, batch, mask_rate, mask_key=mask_key)
+    hidden = encode(model, batch, causal=False, input_ids=inputs).last_hidden_state
+    keep = labels != IGNORE
+    mlm_sum, mlm_correct = _head_scores(model, hidden[keep], labels[keep], chunk_size)
+    clm_sum, clm_count = torch.zeros((), dtype=torch.float64, device=hidden.device), 0
+    if objective == "clm":
+        hidden = encode(model, batch, causal=True).last_hidden_state
+        targets = clm_labels(batch)
+        known = targets != IGNORE
+        clm_sum, _ = _head_scores(model, hidden[known], targets[known], chunk_size)
+        clm_count = int(known.sum())
+    scores = torch.stack([mlm_sum, torch.tensor(float(keep.sum()), dtype=torch.float64, device=hidden.device),
+                          mlm_correct.double(), clm_sum,
+                          torch.tensor(float(clm_count), dtype=torch.float64, device=hidden.device)])
+    return scores, labels
 
 
 def objective_loss(model, batch: dict, objective: str, mask_rate: float | None, generator) -> LossOutput:

@@ -121,7 +121,7 @@ def stream_continuity(branch: dict, summary_phases: dict) -> dict[str, Any]:
     Each metrics.jsonl line carries the phase's chained stream hash after that step, so the branch's
     final hash must appear at the same step of the parent's phase when the parent got that far.
     """
-    rows = parent_metrics(Path(branch["parent"]))
+    rows = [r for r in parent_metrics(Path(branch["parent"])) if "kind" not in r]  # training steps only
     checks = {}
     for name, phase in summary_phases.items():
         if name in branch["parent_stream_hashes"]:

@@ -88,7 +88,9 @@ class TrainingComputation(torch.nn.Module):
 
     forward(batch, objective, mask_rate, mask_key) returns (loss_sum, n_labels, labels). The
     losses are those of `detour.model.objectives` as training calls them: CLM with the recipe's
-    chunking, MLM with masks drawn from the stream (`mask_key`), never from a generator.
+    chunking, MLM with masks drawn from the stream (`mask_key`), never from a generator. With
+    `held_out=True` it returns `objectives.held_out_scores` instead (the validation, no gradient):
+    through this forward, so FSDP gathers the weights for it as for a training step.
     """
 
     def __init__(self, model, clm_chunk_size: int, reach_every_parameter: bool = False):
@@ -97,9 +99,11 @@ class TrainingComputation(torch.nn.Module):
         self.clm_chunk_size = clm_chunk_size
         self.reach_every_parameter = reach_every_parameter
 
-    def forward(self, batch: dict, objective: str, mask_rate: float | None, mask_key: str):
-        from detour.model.objectives import clm_loss, mlm_loss
+    def forward(self, batch: dict, objective: str, mask_rate: float | None, mask_key: str, held_out: bool = False):
+        from detour.model.objectives import clm_loss, held_out_scores, mlm_loss
 
+        if held_out:
+            return held_out_scores(self.model, batch, objective, mask_rate, mask_key, self.clm_chunk_size)
         if objective == "clm":
             out = clm_loss(self.model, batch, chunk_size=self.clm_chunk_size)
         else:

@@ -4,8 +4,9 @@
 
 `train(recipe, out)` reads top to bottom: set up (model, data stream, optimizer, maybe resume), then
 for each phase: apply its freeze and optimizer policy, run steps until the phase has consumed exactly
-its token budget (the last step may be smaller), checkpoint periodically and at the phase end, and
-export a Hugging Face folder. The objective of a phase is data: the same loop runs the detour and
+its token budget (the last step may be smaller), score the held-out sequences when due (with
+`validation:`, see validation.py), checkpoint periodically and at the phase end, and export a
+Hugging Face folder. The objective of a phase is data: the same loop runs the detour and
 its MLM twin.
 """
 
@@ -41,6 +42,7 @@ from detour.train.schedule import lr_at
 from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, preflight, select_device
 from detour.train.world import World, check_strategy, init_world, shutdown_world
 from detour.train.trackers import Trackers
+from detour.train.validation import Validation
 from detour.stop import StopFlag, stop_signals_to
 from detour.runs import RunFolder
 from detour.lock import folder_lock
@@ -118,8 +120,11 @@ def _train(recipe: Recipe, out: Path, resume: bool, progress: bool, trust_unveri
     # After the restore: FSDP shards the restored weights and moves the optimizer onto the shards.
     parallel = DataParallelism(model, optimizer, recipe, world, device)
     optimizer = parallel.optimizer
+    validation = Validation(recipe, world, tokenizer.pad_token_id, device) if recipe.validation else None
 
     with stop_signals_to(StopFlag()) as stop, trackers, Progress(recipe, enabled=progress and world.main) as bar:
+        if validation is not None and state["global_step"] == 0:  # the run's start: where every arm begins
+            validation.run(parallel, recipe.phases[0], state, {}, log, bar)
         for index, phase in enumerate(recipe.phases):
             if index < state["phase_index"]:
                 continue
@@ -145,6 +150,8 @@ def _train(recipe: Recipe, out: Path, resume: bool, progress: bool, trust_unveri
                            "padding_tokens": padding, "stream_hash": record["stream_hash"]})
                 bar.advance(n_tokens, loss, lr=lr, step=state["global_step"])
                 phase_done = state["phase_tokens"] == phase.tokens
+                if validation is not None and validation.due(before, state, phase_done):
+                    validation.run(parallel, phase, state, record, log, bar)
                 # Export first: a crash before the checkpoint redoes the step and rewrites the same export.
                 folder = _export_due_at(run, recipe, phase, state, n_tokens, phase_done)
                 if folder is not None:
@@ -434,6 +441,8 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
         phases[p.name] = {"objective": r["objective"], "mask_rate": r["mask_rate"], "tokens": r["tokens"],
                           "budget": r["budget"], "stream_hash": r["stream_hash"], "mask_hash": r.get("mask_hash"),
                           "final_loss": _final_loss(r), "last_loss": r["recent_losses"][-1]}
+        if "validation" in r:
+            phases[p.name]["validation"] = r["validation"]
     synthetic = any(_describe_source(s.path, s.weight).get("synthetic") for s in recipe.data.sources)
     summary = {"recipe": recipe.name, "seed": recipe.seed, "model": str(final), "synthetic_data": synthetic,
                "global_steps": state["global_step"], "global_tokens": state["global_tokens"], "phases": phases}

@@ -7,9 +7,12 @@ One JSON record per optimizer step: phase, objective, step (within the phase), g
 (cumulative within the phase), loss, lr, grad_norm, tokens_per_s, padding_tokens, stream_hash (the
 phase's chained hash of every token id consumed so far, in stream order and the same on any number of
 processes, as summary.json reports it at the phase end).
+Between them, with `validation:` in the recipe, records with "kind": "validation" (a held-out
+loss, see validation.py); readers of the steps skip every record that has a "kind".
 A branch (`--from`) starts with a copy of its parent's records up to the branch point. Each record
 also goes to the trackers of `logging.report_to` (see trackers.py). At the end of the run,
-RUN/curves.png plots them: loss against tokens per phase, the LR on a second axis.
+RUN/curves.png plots them: loss against tokens per phase, the LR on a second axis, and the held-out
+MLM loss as dots.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from rich.table import Column
 from rich.text import Text
 
 from detour.io import atomic_write, write_text
-from detour.runs import read_metrics
+from detour.runs import read_metrics, read_records
 
 
 class MetricsLog:
@@ -216,6 +219,16 @@ class Progress:
         elif self._line_due(clock):
             self._line()
 
+    def note(self, text: str) -> None:
+        """One line of its own (a validation point): above the bar on a terminal, else a plain line."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        elif self._lines is not None:
+            self._lines.write(time.strftime("%Y-%m-%d %H:%M:%S ") + text + "\n")
+            self._lines.flush()
+
     def _line_due(self, clock: _PhaseClock) -> bool:
         by_time = self.every_seconds is not None and time.monotonic() - clock.last_line >= self.every_seconds
         return by_time or (self.every_steps is not None and clock.step % self.every_steps == 0)
@@ -257,6 +270,7 @@ def write_curves(metrics: str | Path, png: str | Path, title: str = "") -> Path 
     records = read_metrics(metrics) if Path(metrics).is_file() else []
     if not records:
         return None
+    held_out = [r for r in read_records(metrics) if r.get("kind") == "validation"]
     phases: dict[str, list[dict]] = {}
     for r in records:
         phases.setdefault(r["phase"], []).append(r)
@@ -269,6 +283,10 @@ def write_curves(metrics: str | Path, png: str | Path, title: str = "") -> Path 
         color = f"C{i}"
         ax.plot(x, [r["loss"] for r in rows], color=color, lw=1.2, label=f"{name} ({rows[0].get('objective', '?')})")
         lr_ax.plot(x, [r["lr"] for r in rows], color=color, lw=0.8, ls="--", alpha=0.6)
+        points = [r for r in held_out if r["phase"] == name]
+        if points:
+            ax.plot([offset + r["tokens"] for r in points], [r["mlm_loss"] for r in points], "o", color=color,
+                    ms=4, label=f"{name}: held-out MLM loss")
         if i:
             ax.axvline(offset, color="grey", ls=":", lw=1)
         ax.annotate(name, (offset, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
@@ -276,7 +294,7 @@ def write_curves(metrics: str | Path, png: str | Path, title: str = "") -> Path 
         offset += rows[-1]["tokens"]
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _short(int(v)) if v >= 0 else ""))
     ax.set_xlabel("tokens (phases one after another)")
-    ax.set_ylabel("loss (solid)")
+    ax.set_ylabel("loss (solid; dots: held-out MLM)" if held_out else "loss (solid)")
     lr_ax.set_ylabel("learning rate (dashed)")
     ax.set_title(f"{title}: loss and LR per step" if title else "loss and LR per step", fontsize=10)
     ax.legend(fontsize=8, loc="lower left")  # losses fall: the top holds the phase names

@@ -90,7 +90,7 @@ def preflight(recipe: Recipe, out=None, data: bool = True, parent: bool = True) 
     """Everything that can be known before any weight is loaded: `--dry-run` and every run call it.
 
     The model config's keys, every phase's freeze against the model's depth, every data source's
-    manifest and tokenizer fingerprint, a branch's parent, and the output folder. A study checks its
+    manifest and tokenizer fingerprint, the held-out split of `validation:`, a branch's parent, and the output folder. A study checks its
     arms before its data are prepared and its parents trained: `data=False, parent=False`.
     """
     from detour.data.shards import prepared_fingerprint
@@ -116,6 +116,10 @@ def preflight(recipe: Recipe, out=None, data: bool = True, parent: bool = True) 
             raise DetourError(f"data.sources.{i}: {exc} (prepare it with `detour prepare ... --out {source.path}`)") from None
     if len(set(fingerprints.values())) > 1:
         raise DetourError(f"data.sources: the sources were prepared with different tokenizers: {fingerprints}")
+    if data and recipe.validation is not None:
+        from detour.train.validation import check_validation
+
+        check_validation(recipe)
     from detour.data.tokenize import load_tokenizer, tokenizer_fingerprint
 
     spec = recipe.model

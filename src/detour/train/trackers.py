@@ -5,7 +5,9 @@
     WANDB_MODE=offline detour train recipes/tiny-modernbert.yaml --out runs/tiny --report-to wandb
 
 Each step logs loss, lr, grad_norm and tokens_per_s, one tag each for the whole run, against the
-tokens the run has trained (the x axis), so one loss curve runs from the CLM phase through the MLM
+tokens the run has trained (the x axis); each validation point (train/validation.py) logs
+validation/mlm_loss, validation/mlm_accuracy and, in a CLM phase, validation/clm_loss and
+validation/clm_perplexity on the same axis, so one loss curve runs from the CLM phase through the MLM
 decay: the numbers of metrics.jsonl, which stays the record. TensorBoard marks where each phase
 begins with a text entry `phase` at that token count; Weights & Biases gets `tokens` (the charts'
 x axis, through define_metric) and `phase_index` beside the values, at the global step.
@@ -31,6 +33,7 @@ from detour.errors import DetourError
 from detour.runs import RunFolder
 
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s")
+VALIDATION_SCALARS = ("mlm_loss", "mlm_accuracy", "clm_loss", "clm_perplexity")
 _MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
 
@@ -46,7 +49,10 @@ def check_available(names) -> None:
 
 def scalars(record: dict) -> dict[str, float]:
     """One metrics.jsonl record as tracker values: one tag per quantity, whatever the phase, so one
-    loss curve runs through the CLM -> MLM switch (the phases are marked apart, see Trackers)."""
+    loss curve runs through the CLM -> MLM switch (the phases are marked apart, see Trackers). A
+    validation record gives `validation/mlm_loss` and the like."""
+    if record.get("kind") == "validation":
+        return {f"validation/{key}": float(record[key]) for key in VALIDATION_SCALARS if record.get(key) is not None}
     return {key: float(record[key]) for key in SCALARS if record.get(key) is not None}
 
 
@@ -77,10 +83,10 @@ class Trackers:
         self._last_phase: str | None = None
 
     def __enter__(self):
-        from detour.runs import read_metrics
+        from detour.runs import read_records
 
         metrics = RunFolder(self.out).metrics
-        earlier = read_metrics(metrics) if self.names and metrics.is_file() else []
+        earlier = read_records(metrics) if self.names and metrics.is_file() else []
         if "tensorboard" in self.names:
             self._open_tensorboard(earlier)
         if "wandb" in self.names:

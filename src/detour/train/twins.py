@@ -18,7 +18,10 @@ is branched from that arm's checkpoint at the end of the shared phases instead o
 stream hash and final loss per phase, whether every arm saw the same token stream wherever the
 budgets agree (they must) and drew the same MLM masks where its phases match the detour's (null,
 "not compared", when no phase had masks to compare), the layer groups, and the MLM loss at the end
-of the decay. A check that is not "yes" ends the command with an error naming the arms and phases.
+of the decay. With `validation:` in the recipe, it also checks that every arm scored the identical
+held-out sequences and masks at every phase end (`validation_equal`, from each phase's
+`validation_hash`; "not compared" when an arm has no validation), and gives each arm's held-out MLM
+loss at the end of the decay. A check that is not "yes" ends the command with an error naming the arms and phases.
 
 With `--from TWINS_DIR --after-phase PHASE`, each of the detour and the baseline branches from the
 same arm of an earlier twins run: a decay-length sweep without repeating Phase 1.
@@ -116,7 +119,10 @@ def _branch_point(name: str, arm: Recipe, done: dict[str, Recipe], out: Path) ->
 SCHEMA = "detour.twins/2"  # 2: checks.mlm_masks_equal is null when no phase's masks could be compared
 
 _CHECK_WORDS = {"tokens_equal": "same token counts", "stream_hashes_equal": "same token stream",
-                "mlm_masks_equal": "same MLM masks where the arms' phases match"}
+                "mlm_masks_equal": "same MLM masks where the arms' phases match",
+                "validation_equal": "same validation set and masks"}
+# A check that may be null without failing: an arm run without `validation:` has nothing to compare.
+_OPTIONAL_CHECKS = ("validation_equal",)
 
 
 def _verdict(value: bool | None) -> str:
@@ -145,10 +151,11 @@ def read_checks(report: dict) -> dict[str, bool | None]:
 def check_failures(report: dict, path: Path | str) -> str | None:
     """None when every check passed; else the failed checks and the arms and phases behind them, in words."""
     checks = read_checks(report)
-    if all(v is True for v in checks.values()):
+    if all(v is True or v is None and k in _OPTIONAL_CHECKS for k, v in checks.items()):
         return None
     rows = [f"{arm} {phase}: {row}" for arm, phases in report.get("stream_vs_detour", {}).items()
             for phase, row in phases.items() if "DIFFERENT" in row or "not compared" in row]
+    rows += [f"{arm}: {row}" for arm, row in (report.get("validation_vs_detour") or {}).items() if row.startswith("NO")]
     if checks.get("mlm_masks_equal") is None and not rows:
         rows = ["no MLM phase of an arm matches one of the detour's in objective, mask rate and seed"]
     return (f"the arms' stream checks did not pass: {describe_checks(checks)} ({'; '.join(rows)}); "
@@ -196,7 +203,7 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
                     rows[p] = "DIFFERENT from its parent's stream"
         per_arm[name] = rows
     last = phases[-1]
-    return {
+    report = {
         "schema": SCHEMA,
         "synthetic_data": bool(ref.get("synthetic_data")),
         "layer_groups": groups,
@@ -209,6 +216,38 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
                                                      for name, s in summaries.items()
                                                      if len(s["phases"]) == len(phases)}},
     }
+    if any(h for s in summaries.values() for h in _validation_hashes(s)):  # absent: twins.json as before `validation:`
+        report["checks"]["validation_equal"], report["validation_vs_detour"] = compare_validation(summaries)
+        report["end_of_decay_validation_mlm_loss"] = {
+            "phase": last, **{name: list(s["phases"].values())[-1]["validation"]["mlm_loss"]
+                              for name, s in summaries.items() if len(s["phases"]) == len(phases)
+                              and "validation" in list(s["phases"].values())[-1]}}
+    return report
+
+
+def _validation_hashes(summary: dict) -> list[str | None]:
+    """Each phase's validation_hash at its end, by position (None for a phase without one)."""
+    return [(p.get("validation") or {}).get("validation_hash") for p in summary["phases"].values()]
+
+
+def compare_validation(summaries: dict[str, dict]) -> tuple[bool | None, dict[str, str]]:
+    """Whether every arm scored the detour's held-out sequences and masks: the check and a row per arm.
+
+    Every phase end of every arm must carry the same validation_hash (the token ids and masked
+    positions scored). None ("not compared") when an arm, or the detour, has no validation.
+    """
+    ref = [h for h in _validation_hashes(summaries["detour"]) if h]
+    rows, compared, differs = {}, True, False
+    for name, summary in summaries.items():
+        mine = {h for h in _validation_hashes(summary) if h}
+        if not ref or not mine:
+            rows[name], compared = "not compared (no validation in this arm or the detour)", False
+        elif mine == {ref[0]} and len(set(ref)) == 1:
+            rows[name] = "same validation set and masks"
+        else:
+            rows[name], differs = (f"NO: validation hashes {sorted(h[:12] for h in mine)} against the detour's "
+                                   f"{sorted({h[:12] for h in ref})}"), True
+    return (False if differs else True if compared else None), rows
 
 
 def run_twins(recipe: Recipe, out: Path, resume: bool = False, progress: bool = True,
@@ -308,6 +347,9 @@ def _run(args: argparse.Namespace) -> int:
         print("note: trained on SYNTHETIC text (embedded generator): an engine test, not a result")
     losses = {k: v for k, v in report["end_of_decay_mlm_loss"].items() if k != "phase"}
     print("MLM loss at the end of the decay: " + ", ".join(f"{k} {v:.4f}" for k, v in losses.items()))
+    held_out = {k: v for k, v in report.get("end_of_decay_validation_mlm_loss", {}).items() if k != "phase"}
+    if held_out:
+        print("held-out MLM loss at the end of the decay: " + ", ".join(f"{k} {v:.4f}" for k, v in held_out.items()))
     failed = check_failures(report, Path(args.out) / TWINS_FILE)
     if failed:
         raise DetourError(failed)
