@@ -24,7 +24,7 @@ TINY = [
     "model.config.num_attention_heads=2", "model.config.local_attention=16", "data.seq_len=64",
     "batch.global_sequences=4", "batch.micro_batch=4", "phases.0.tokens=1024", "phases.0.lr.warmup_tokens=256",
     "phases.1.tokens=512", "checkpoint.every_tokens=100000", "checkpoint.export_every_tokens=256",
-    "checkpoint.export_phases=[decay]",
+    "checkpoint.export_phases=[decay]", "validation.sequences=8", "validation.every_tokens=512",
 ]
 FEW_TEXTS = ["--n", "8", "--seeds", "2", "--max-length", "32"]
 PROBE = ["--epochs", "1", "--max-train", "32", "--max-eval", "32", "--max-length", "64"]
@@ -42,7 +42,7 @@ def study(tmp_path_factory, minilm) -> Path:
     data, out = root / "data", root / "study"
     arms = out / "arms"
     _run("prepare", "synthetic:clinical?docs=120&seed=0", "--tokenizer", str(minilm), "--out", str(data),
-         "--workers", "1")
+         "--workers", "1", "--validation", "0.1")
     sets = [x for o in [*TINY, f"data.sources=[{data}]"] for x in ("--set", o)]
     _run("twins", str(RECIPE), "--out", str(arms), *sets, "--freeze", "low@clm",
          "--baseline-arm", "baseline-seed2", "seed=18", "--no-progress")

@@ -56,7 +56,7 @@ def test_every_section_of_a_full_study_appears(study, report, shared_data):
                     "5. Per-layer CKA", "6. Trajectory", "7. Transplants", "8. Weight drift", "9. Needle"):
         assert f"## {heading}" in md
     assert "Not run: nothing" in md
-    for name in ("curves", "results", "cka", "trajectory", "transplant", "drift", "needle"):
+    for name in ("curves", "validation", "results", "cka", "trajectory", "transplant", "drift", "needle"):
         assert f"(report-figures/{name}.png)" in md
         assert (report["markdown"].parent / "report-figures" / f"{name}.png").is_file()
 
@@ -79,6 +79,28 @@ def test_design_shows_arms_phases_data_and_stream_checks(study, report):
     assert f"{source['documents']:,}" in data_row and f"{source['tokens']:,}" in data_row and "SYNTHETIC" in data_row
     assert all(twins["checks"].values())
     assert "tokens_equal yes, stream_hashes_equal yes, mlm_masks_equal yes" in md
+
+
+def test_held_out_loss_figure_and_table_come_from_the_validation_records(study, report):
+    md = section(report["md"], "2. Training curves")
+    assert "### Held-out MLM loss" in md and "(report-figures/validation.png)" in md
+    assert "identical sequences and masks: yes" in md  # twins.json's validation_equal
+    header = next(line for line in md.splitlines() if line.startswith("| arm | start"))
+    assert [c.strip() for c in header.strip("|").split("|")] == ["arm", "start", "end of clm / mlm30", "end of decay"]
+    ends = {}
+    for arm in ("detour", "baseline", "freeze-low-clm", "baseline-seed2"):
+        records = [json.loads(line) for line in (study / "arms" / arm / "metrics.jsonl").read_text().splitlines()]
+        held_out = [r for r in records if r.get("kind") == "validation"]
+        assert len(held_out) >= 4  # the start, every 512 tokens, each phase end
+        first = held_out[1]["phase"]  # clm, or mlm30 in the baselines
+        start, clm_end, decay_end = held_out[0], [r for r in held_out if r["phase"] == first][-1], held_out[-1]
+        assert start["global_step"] == 0 and decay_end["phase"] == "decay"
+        (row,) = rows(md, arm)
+        assert row[1:] == [f"{r['mlm_loss']:.4f} ({100 * r['mlm_accuracy']:.1f}%)" for r in (start, clm_end, decay_end)]
+        ends[arm] = (start, clm_end, decay_end)
+    (diff,) = rows(md, "detour − baseline")
+    assert diff[1:] == [f"{a['mlm_loss'] - b['mlm_loss']:.4f}" for a, b in zip(ends["detour"], ends["baseline"])]
+    assert diff[1] == "0.0000"  # the same weights at the start: the same sequences and masks give the same loss
 
 
 def test_synthetic_data_is_flagged_prominently(report):
@@ -203,7 +225,7 @@ def test_html_is_self_contained_with_every_figure_embedded(report):
     html = report["html_text"]
     figures = sorted((report["markdown"].parent / "report-figures").glob("*.png"))
     sources = re.findall(r'<img src="([^"]+)"', html)
-    assert len(sources) == len(figures) == 7
+    assert len(sources) == len(figures) == 8
     embedded = {base64.b64decode(s.split(",", 1)[1]) for s in sources if s.startswith("data:image/png;base64,")}
     assert embedded == {f.read_bytes() for f in figures}
     assert not re.search(r"<script|<link|https?://|src=\"(?!data:)", html)

@@ -25,7 +25,7 @@ from pathlib import Path
 from detour.errors import DetourError
 from detour.analysis.layers import read_cka_layers
 from detour.io import read_json_mapping
-from detour.runs import TWINS_FILE, RunFolder, read_metrics
+from detour.runs import TWINS_FILE, RunFolder, read_records
 
 ROLES = ("detour", "baseline", "arm")
 
@@ -38,7 +38,8 @@ class Arm:
     folder: Path
     recipe: dict | None = None  # recipe.json
     summary: dict | None = None  # summary.json (or the arm's entry in twins.json)
-    metrics: list[dict] = field(default_factory=list)  # metrics.jsonl
+    metrics: list[dict] = field(default_factory=list)  # metrics.jsonl: the training steps' records
+    validation: list[dict] = field(default_factory=list)  # metrics.jsonl: the held-out records ("kind": "validation")
     model_config: dict | None = None  # model/config.json
 
 
@@ -104,9 +105,11 @@ def _read_arm(name: str, role: str, description: str | None, folder: Path, twins
         arm.summary = twins["arms"][name]
     if run.metrics.is_file():
         try:
-            arm.metrics = read_metrics(run.metrics)
+            records = read_records(run.metrics)
         except json.JSONDecodeError as exc:
             raise DetourError(f"{run.metrics}: a line is not valid JSON ({exc})") from None
+        arm.metrics = [r for r in records if "kind" not in r]
+        arm.validation = [r for r in records if r.get("kind") == "validation"]
     if (run.model / "config.json").is_file():
         arm.model_config = read_json_mapping(run.model / "config.json")
     return arm

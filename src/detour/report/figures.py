@@ -82,6 +82,39 @@ def curves(s: Study) -> Figure | None:
     return fig
 
 
+def validation(s: Study) -> Figure | None:
+    """Held-out MLM loss (top) and masked-token accuracy (bottom) at each evaluation point, every arm,
+    against the run's tokens, the detour's phases shaded as in the training curves."""
+    arms = [a for a in s.arms.values() if a.validation]
+    if not arms:
+        return None
+    colours = arm_colours(s)
+    fig = Figure(figsize=(9, 5))
+    loss_ax, acc_ax = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    for arm in arms:
+        x = [r["run_tokens"] for r in arm.validation]
+        style = {"color": colours[arm.name], "ls": "-" if arm.role in ROLE_COLOURS else "--", "marker": "o",
+                 "ms": 3, "zorder": 3 if arm.role in ROLE_COLOURS else 2}
+        loss_ax.plot(x, [r["mlm_loss"] for r in arm.validation], lw=1.1, label=arm.name, **style)
+        acc_ax.plot(x, [r["mlm_accuracy"] for r in arm.validation], lw=1.0, **style)
+    reference = next((a for a in arms if a.role == "detour" and a.metrics), None) or next((a for a in arms if a.metrics), None)
+    for i, (name, objective, start, end) in enumerate(_phase_spans(reference.metrics) if reference else []):
+        for ax in (loss_ax, acc_ax):
+            ax.axvspan(start, end, color="grey", alpha=0.08 if i % 2 == 0 else 0.18, lw=0)
+            ax.axvline(end, color="grey", lw=0.6, ls=":")
+        loss_ax.annotate(f"{name} ({reference.name}: {objective})", (start, 1), xycoords=("data", "axes fraction"),
+                         xytext=(4, -12), textcoords="offset points", fontsize=8, color="dimgrey")
+    loss_ax.set_ylabel("held-out MLM loss")
+    loss_ax.legend(fontsize=8, loc="lower left")
+    loss_ax.set_title("held-out MLM loss through the training (the same sequences and masks at every point)",
+                      fontsize=9)
+    acc_ax.set_ylabel("masked-token accuracy")
+    acc_ax.set_xlabel("tokens of the run (phases one after another)")
+    acc_ax.xaxis.set_major_formatter(lambda v, _: _short(v) if v >= 0 else "")
+    fig.tight_layout()
+    return fig
+
+
 def results(s: Study, table: ResultsTable | None) -> Figure | None:
     """Headline metric x 100 per task (and the average), one bar per arm, error bars one std over seeds."""
     if table is None:

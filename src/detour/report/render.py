@@ -24,7 +24,7 @@ from detour.report.collect import Study, collect, synthetic_reasons
 from detour.report.page import FIGURES_DIR, Page
 from detour.report.tables import results_table, significance_rows
 
-FIGURE_NAMES = ("curves", "results", "cka", "trajectory", "transplant", "drift", "needle")
+FIGURE_NAMES = ("curves", "validation", "results", "cka", "trajectory", "transplant", "drift", "needle")
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1100px; margin: 2em auto;
@@ -70,6 +70,7 @@ def build(s: Study) -> tuple[str, Page]:
     scale = sections.scale_line(s)
     sections.design(page, s)
     sections.curves(page, s)
+    sections.validation(page, s)
     sections.results(page, s, table, sig)
     sections.freeze(page, s, table, sig)
     for section in (analyses.cka, analyses.trajectory, analyses.transplant, analyses.drift, analyses.needle):

@@ -204,6 +204,56 @@ def curves(page: Page, s: Study) -> None:
                   + ", ".join(f"{a} {num(v)}" for a, v in end.items()) + ".")
 
 
+def validation_points(arm) -> list[tuple[str, dict]]:
+    """An arm's held-out records at the run's start and at each phase end, in order:
+    [("start", r), (PHASE, r), ...].
+
+    A phase end is that phase's last record (the engine always scores there); the start is the
+    record of global step 0, where every arm has the same weights.
+    """
+    start, ends = None, {}
+    for r in arm.validation:
+        if r.get("global_step") == 0:
+            start = r
+        else:
+            ends[r["phase"]] = r  # later records of a phase replace earlier ones: the last is its end
+    return ([("start", start)] if start else []) + list(ends.items())
+
+
+def validation(page: Page, s: Study) -> None:
+    """The held-out MLM loss through the training (records "kind": "validation" of metrics.jsonl)."""
+    fig = figures.validation(s)
+    if fig is None:
+        return
+    arms = [a for a in s.arms.values() if a.validation]
+    page.heading(3, "Held-out MLM loss")
+    first = arms[0].validation[0]
+    check = ((s.twins or {}).get("checks") or {}).get("validation_equal")
+    same = {True: "twins.json checks that every arm scored the identical sequences and masks: yes",
+            False: "twins.json says the arms did NOT score the same held-out sequences and masks: the "
+                   "values below are not comparable",
+            None: "twins.json did not compare the arms' held-out sets"}[check]
+    page.figure("validation", fig, f"MLM loss at {first.get('sequences', '?')} held-out sequences "
+                                   f"({count(first.get('masked_tokens', 0), 'masked token')}) with fixed masks, and "
+                                   f"the masked-token accuracy, at each evaluation point of each arm; phases shaded "
+                                   f"as above. Unlike the training loss, it is one quantity for every arm and "
+                                   f"every phase (a CLM phase is scored as MLM too). {same}.")
+    # Columns by position: the arms' first phases differ in name (clm, mlm30) but end at the same tokens.
+    points = {a.name: validation_points(a) for a in arms}
+    width = max(len(p) for p in points.values())
+    labels = [" / ".join(dict.fromkeys(p[i][0] for p in points.values() if i < len(p))) for i in range(width)]
+    rows = [[name, *(f"{num(p[i][1]['mlm_loss'])} ({100 * p[i][1]['mlm_accuracy']:.1f}%)" if i < len(p) else "–"
+                     for i in range(width))] for name, p in points.items()]
+    detour, baseline = s.role("detour"), s.role("baseline")
+    if detour in points and baseline in points:
+        a, b = points[detour], points[baseline]
+        rows.append([f"{detour} − {baseline}", *(num(a[i][1]["mlm_loss"] - b[i][1]["mlm_loss"])
+                                                 if i < min(len(a), len(b)) else "–" for i in range(width))])
+    page.table(["arm", *(k if k == "start" else f"end of {k}" for k in labels)], rows)
+    page.para("Held-out MLM loss (masked-token accuracy) at the run's start and at the end of each phase "
+              "(metrics.jsonl, records of kind \"validation\"); lower is better.")
+
+
 def _budget(table: ResultsTable, task: str) -> str:
     b = table.budget.get(task) or {}
     parts = [f"{b['train_examples']} train" if "train_examples" in b else None,
