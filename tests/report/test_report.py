@@ -154,6 +154,27 @@ def test_a_refused_design_shows_why_instead_of_a_p_value(study, tmp_path, shared
     assert "detour vs baseline: no p-value: cannot compare" in md and "1 seed shared by the two models" in md
 
 
+def test_an_arm_paired_with_its_own_twin_is_compared_with_it_and_the_twin_is_not_compared(study, tmp_path, shared_data):
+    """study.json `against`: the decay-length design pairs each detour decay with the twin's decay of the same length."""
+    copy = tmp_path / "study"
+    shutil.copytree(study, copy, symlinks=True, ignore=shutil.ignore_patterns("model", "export", "checkpoints"))
+    meta = load(copy / "study.json")
+    meta["arms"]["freeze-low-clm"]["against"] = "baseline-seed2"
+    (copy / "study.json").write_text(json.dumps(meta), encoding="utf-8")
+    md = write_report(copy, tmp_path / "out")["markdown"].read_text(encoding="utf-8")
+    results = section(md, "3. Downstream results")
+    assert "**Each arm against the arm it is paired with" in results
+    assert [r[0] for r in rows(results, "freeze-low-clm vs baseline-seed2")] == ["freeze-low-clm vs baseline-seed2"]
+    assert rows(results, "detour vs baseline") and not [line for line in results.splitlines()
+                                                       if line.startswith("| baseline-seed2 vs")]
+    held_out = section(md, "2. Training curves")
+    (diff,) = rows(held_out, "freeze-low-clm − baseline-seed2")
+    points = {a: [json.loads(line) for line in (copy / "arms" / a / "metrics.jsonl").read_text().splitlines()
+                  if '"kind": "validation"' in line] for a in ("freeze-low-clm", "baseline-seed2")}
+    assert diff[-1] == f"{points['freeze-low-clm'][-1]['mlm_loss'] - points['baseline-seed2'][-1]['mlm_loss']:.4f}"
+    assert rows(held_out, "detour − baseline")
+
+
 def test_freeze_table_shows_results_and_low_layer_divergence(study, report):
     md = section(report["md"], "4. Freeze interventions")
     freeze = load(study / "analysis" / "cka-freeze-low-clm" / "cka.json")

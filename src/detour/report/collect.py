@@ -41,6 +41,7 @@ class Arm:
     metrics: list[dict] = field(default_factory=list)  # metrics.jsonl: the training steps' records
     validation: list[dict] = field(default_factory=list)  # metrics.jsonl: the held-out records ("kind": "validation")
     model_config: dict | None = None  # model/config.json
+    against: str | None = None  # the arm this one is compared with (study.json); None: the baseline
 
 
 @dataclass
@@ -140,6 +141,7 @@ def _arms(root: Path, layout: str, meta: dict, twins: dict | None) -> dict[str, 
             if role not in ROLES:
                 raise DetourError(f"{root / 'study.json'}: arm {name!r} has role {role!r}; expected one of {', '.join(ROLES)}")
             out[name] = _read_arm(name, role, info.get("description"), root / "arms" / name, twins)
+            out[name].against = info.get("against")
         return out
     names = list((twins or {}).get("arms") or {})
     if not names:

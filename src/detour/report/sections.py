@@ -12,7 +12,7 @@ from __future__ import annotations
 from detour.report import figures
 from detour.report.collect import Study
 from detour.report.page import Page, count, num, p_value, pm, tokens
-from detour.report.tables import ALPHA, ResultsTable, Significance, freeze_arms, frozen_layers, low_divergence, low_layers
+from detour.report.tables import ALPHA, ResultsTable, Significance, comparison_pairs, freeze_arms, frozen_layers, low_divergence, low_layers
 
 IGNORED_KEYS = ("name", "branch", "checkpoint", "logging", "card", "distributed")  # bookkeeping, not the arm's treatment
 
@@ -244,11 +244,12 @@ def validation(page: Page, s: Study) -> None:
     labels = [" / ".join(dict.fromkeys(p[i][0] for p in points.values() if i < len(p))) for i in range(width)]
     rows = [[name, *(f"{num(p[i][1]['mlm_loss'])} ({100 * p[i][1]['mlm_accuracy']:.1f}%)" if i < len(p) else "–"
                      for i in range(width))] for name, p in points.items()]
-    detour, baseline = s.role("detour"), s.role("baseline")
-    if detour in points and baseline in points:
-        a, b = points[detour], points[baseline]
-        rows.append([f"{detour} − {baseline}", *(num(a[i][1]["mlm_loss"] - b[i][1]["mlm_loss"])
-                                                 if i < min(len(a), len(b)) else "–" for i in range(width))])
+    detour = s.role("detour")
+    pairs = [(x, y) for x, y in comparison_pairs(s, list(points)) if x == detour or s.arms[x].against]
+    for x, y in pairs:  # the detour and every explicitly paired arm, minus its twin
+        a, b = points[x], points[y]
+        rows.append([f"{x} − {y}", *(num(a[i][1]["mlm_loss"] - b[i][1]["mlm_loss"])
+                                     if i < min(len(a), len(b)) else "–" for i in range(width))])
     page.table(["arm", *(k if k == "start" else f"end of {k}" for k in labels)], rows)
     page.para("Held-out MLM loss (masked-token accuracy) at the run's start and at the end of each phase "
               "(metrics.jsonl, records of kind \"validation\"); lower is better.")
@@ -292,22 +293,25 @@ def results(page: Page, s: Study, table: ResultsTable | None, sig: list[Signific
 
 
 def _significance(page: Page, sig: list[Significance]) -> None:
-    page.para(f"**Each arm against the {sig[0].against}** (`detour.eval.significance.compare`: p from the paired "
+    one = len({r.against for r in sig}) == 1
+    whom = f"the {sig[0].against}" if one else "the arm it is paired with (study.json `against`; else the baseline)"
+    page.para(f"**Each arm against {whom}** (`detour.eval.significance.compare`: p from the paired "
               f"sign-flip test over tasks x seeds, two-sided, the p of record; 95% CI the percentile interval of the "
               f"paired bootstrap, small-sample correction on; delta = mean over tasks of the mean paired difference, "
               f"x 100; per task, the sign-flip p over its seeds with Holm's correction across the tasks):")
     rows, notes = [], []
     for r in sig:
         design = ", ".join(f"{t} {n}" for t, n in r.seeds.items()) or "–"
+        label = r.arm if one else f"{r.arm} vs {r.against}"
         if r.refused:
-            rows.append([r.arm, design, "–", "–", "not computed", "refused (below)"])
+            rows.append([label, design, "–", "–", "not computed", "refused (below)"])
             notes.append(f"{r.arm} vs {r.against}: no p-value: {r.refused}")
             continue
         if r.significant:
             verdict = f"significant at {ALPHA} ({'higher' if r.delta > 0 else 'lower'} than the {r.against})"
         else:
             verdict = f"**not significant** (p >= {ALPHA}): the difference may be seed noise"
-        rows.append([r.arm, design, f"{100 * r.delta:+.2f}", f"[{100 * r.ci[0]:+.2f}, {100 * r.ci[1]:+.2f}]",
+        rows.append([label, design, f"{100 * r.delta:+.2f}", f"[{100 * r.ci[0]:+.2f}, {100 * r.ci[1]:+.2f}]",
                      p_value(r.p_value), verdict])
         notes.append(f"{r.arm}: {r.test}")
         if r.resamples < 10_000:
@@ -316,7 +320,7 @@ def _significance(page: Page, sig: list[Significance]) -> None:
         notes.append(f"{r.arm}: {r.holm}. Per task (p, Holm p): "
                      + "; ".join(f"{t} {p_value(p)}, {p_value(h)}" for t, (p, h) in r.task_p.items()))
         notes += [f"{r.arm}: {n}" for n in r.notes]
-    page.table(["arm", "paired seeds per task", "delta x 100", "95% CI", "p (sign-flip)", "verdict"], rows)
+    page.table(["arm" if one else "arm vs its twin", "paired seeds per task", "delta x 100", "95% CI", "p (sign-flip)", "verdict"], rows)
     if notes:
         page.bullets([n.replace("\n", " ") for n in notes])
 

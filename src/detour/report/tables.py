@@ -138,11 +138,25 @@ def compare_arms(s: Study, table: ResultsTable, arm: str, against: str) -> Signi
     return out
 
 
-def significance_rows(s: Study, table: ResultsTable | None) -> list[Significance]:
+def comparison_pairs(s: Study, arms: list[str]) -> list[tuple[str, str]]:
+    """(arm, against) for each compared arm: an arm with `against` (study.json) is compared with that
+    arm, which is then a twin and not compared itself; every other arm with the baseline."""
     baseline = s.role("baseline")
-    if table is None or baseline is None or baseline not in table.arms:
+    partners = {name: a.against for name, a in s.arms.items() if a.against and name in arms and a.against in arms}
+    twins = set(partners.values())
+    out = []
+    for arm in arms:
+        if arm in partners:
+            out.append((arm, partners[arm]))
+        elif arm != baseline and arm not in twins and baseline in arms:
+            out.append((arm, baseline))
+    return out
+
+
+def significance_rows(s: Study, table: ResultsTable | None) -> list[Significance]:
+    if table is None:
         return []
-    return [compare_arms(s, table, arm, baseline) for arm in table.arms if arm != baseline]
+    return [compare_arms(s, table, arm, against) for arm, against in comparison_pairs(s, table.arms)]
 
 
 def freeze_arms(s: Study) -> list[str]:
