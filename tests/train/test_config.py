@@ -25,7 +25,8 @@ def test_parse_tokens_rejects(bad):
 @pytest.mark.parametrize("name", sorted(p.name for p in RECIPES.glob("*.yaml")))
 def test_shipped_recipes_load(name):
     recipe = load_recipe(RECIPES / name)
-    assert recipe.phases[0].objective == "clm" and recipe.phases[-1].objective == "mlm"
+    # a CLM phase (the first, or after a head warm-up), the MLM decay last
+    assert "clm" in [p.objective for p in recipe.phases][:2] and recipe.phases[-1].objective == "mlm"
     recipe.grad_accumulation()
 
 

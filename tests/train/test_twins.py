@@ -139,3 +139,35 @@ def test_arm_errors_name_the_problem(tiny_recipe):
         assert "must be new" in str(exc)
     else:
         raise AssertionError("duplicate arm name accepted")
+
+
+def test_a_head_warm_up_trains_only_the_fresh_head_and_is_the_same_in_both_arms(synthetic_data, minilm, tmp_path):
+    """recipes/minilm-biomed-headwarm.yaml: MiniLM ships no MLM head; its first phase trains the fresh
+    one with the body frozen, an MLM phase in the detour and its twin alike (so both start Phase 1
+    from the same warm head)."""
+    from safetensors.torch import load_file
+
+    from detour.config import baseline_of, load_recipe
+    from detour.train.loop import train
+    from detour.train.setup import build_model
+
+    small = [f"data.sources=[{synthetic_data}]", "data.seq_len=32", "batch.global_sequences=2", "batch.micro_batch=2",
+             "phases.0.tokens=128", "phases.0.lr.warmup_tokens=32", "phases.1.tokens=64",
+             "phases.1.lr.warmup_tokens=32", "phases.2.tokens=64", "checkpoint.every_tokens=100k",
+             "validation=null"]  # the fixture's corpus has no held-out split
+    recipe = load_recipe(RECIPES / "minilm-biomed-headwarm.yaml", small)
+    twin = baseline_of(recipe)
+    assert [p.objective for p in recipe.phases] == ["mlm", "clm", "mlm"]
+    assert twin.phases[0] == recipe.phases[0]  # the warm-up is not a CLM phase: the twin runs it unchanged
+    assert twin.phases[1].objective == "mlm" and twin.phases[1].name == "mlm30"
+    train(recipe, tmp_path / "run", progress=False)
+    torch.manual_seed(recipe.seed)  # as training does before it builds the model: the same fresh head
+    fresh = {k: v.detach().clone() for k, v in build_model(recipe, torch.device("cpu"))[0].state_dict().items()}
+    warm = load_file(tmp_path / "run" / "export" / "head" / "model.safetensors")
+    body = [k for k in warm if k.startswith("bert.") and k in fresh]  # the export adds the pretrained pooler
+    head = [k for k in warm if k.startswith("cls.")]
+    assert len(body) > 90 and head
+    assert all(torch.equal(warm[k], fresh[k]) for k in body)  # frozen through the warm-up
+    assert all(not torch.equal(warm[k], fresh[k]) for k in head if not k.endswith("decoder.weight"))  # trained
+    after = load_file(tmp_path / "run" / "export" / "clm" / "model.safetensors")
+    assert any(not torch.equal(warm[k], after[k]) for k in body)  # the body trains from Phase 1 on
