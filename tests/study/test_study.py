@@ -198,6 +198,8 @@ def test_a_stale_step_and_its_downstream_are_shown_stale(tmp_path):
      "train.data.0: 'corpus2' is not a `prepare` entry"),
     ({"arms": {"detour": {"set": ["seed=1"]}}}, "arms: Value error, 'detour' is not usable"),
     ({"arms": {"x": {"base": "baseline"}}}, "arms.x: give `set` overrides or `freeze`"),
+    ({"arms": {"x": {"set": ["seed=3"], "against": "y"}}}, "arms.x.against: no arm 'y'"),
+    ({"arms": {"x": {"set": ["seed=3"], "against": "x"}}}, "arms.x.against: an arm is not compared with itself"),
 ])
 def test_invalid_study_files_are_refused_naming_the_field(tmp_path, change, message):
     study = _study(tmp_path, **change)
@@ -363,3 +365,26 @@ def test_the_steps_of_a_study_killed_with_9_are_gone_a_second_later(tmp_path, mi
         assert not alive, f"still running 1 s after the study was killed: {[p.pid for p in alive]}"
     finally:
         proc.kill()
+
+
+def test_an_arm_against_its_twin_is_compared_with_it_in_cka_and_the_design_says_so(tmp_path):
+    """The decay-length design: each decay of the detour is compared with the twin's decay of the same length."""
+    from detour.study.run import write_design
+
+    study = _study(tmp_path, arms={
+        "decay-long": {"set": ["phases.1.tokens=4k"], "against": "baseline-decay-long"},
+        "baseline-decay-long": {"base": "baseline", "set": ["phases.1.tokens=4k"]},
+        "baseline-seed2": {"base": "baseline", "set": ["seed=18"]}})
+    spec = yaml.safe_load(study.read_text())
+    spec["analyses"]["cka"]["arms"] = ["decay-long"]
+    study.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    steps = {s.name: s for s in build_steps(load_study(study), out)}
+    cka = steps["cka:decay-long"]
+    assert cka.argv[2:4] == [str(out / "arms" / "decay-long" / "model"), str(out / "arms" / "baseline-decay-long" / "model")]
+    assert "train:baseline-decay-long" in cka.deps and "train:baseline" not in cka.deps
+    assert steps["cka"].argv[3] == str(out / "arms" / "baseline" / "model")  # the detour: against the baseline
+    out.mkdir()
+    write_design(load_study(study), out, list(steps.values()))
+    arms = json.loads((out / "study.json").read_text())["arms"]
+    assert arms["decay-long"]["against"] == "baseline-decay-long" and "against" not in arms["baseline-decay-long"]

@@ -228,7 +228,7 @@ def _eval_steps(spec: StudySpec, out: Path, arms: dict) -> list[Step]:
 
 
 def _analysis_steps(spec: StudySpec, out: Path, arms: dict) -> list[Step]:
-    """CKA (the detour and each listed arm against the baseline), trajectory, transplant, drift, needle."""
+    """CKA (the detour and each listed arm against the baseline, or the arm it names in `against`), trajectory, transplant, drift, needle."""
     steps = []
     a = spec.analyses
 
@@ -239,8 +239,9 @@ def _analysis_steps(spec: StudySpec, out: Path, arms: dict) -> list[Step]:
         flags = _flags(spec, a.cka.options)
         for arm in ["detour", *a.cka.arms]:
             folder = out / "analysis" / ("cka" if arm == "detour" else f"cka-{arm}")
-            argv = ["analyze", "cka", model(arm), model("baseline")]
-            deps = [f"train:{arm}", "train:baseline"]
+            against = (spec.arms[arm].against if arm in spec.arms else None) or "baseline"
+            argv = ["analyze", "cka", model(arm), model(against)]
+            deps = [f"train:{arm}", f"train:{against}"]
             if a.cka.noise_floor:
                 argv += ["--noise-floor", model(a.cka.noise_floor)]
                 deps.append(f"train:{a.cka.noise_floor}")

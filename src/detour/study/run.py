@@ -109,6 +109,8 @@ def describe_arm(spec: StudySpec, name: str, recipe) -> dict:
         text = arm.description or f"the {arm.base} with " + ", ".join(
             ([f"freeze {arm.freeze}"] if arm.freeze else []) + arm.set) + f": {phases}"
     out = {"role": role, "description": text, "seed": recipe.seed}
+    if name in spec.arms and spec.arms[name].against:
+        out["against"] = spec.arms[name].against  # the report compares this arm with that one
     if recipe.branch is not None:
         out["branched_from"] = {"arm": Path(recipe.branch.run).name, "after_phase": recipe.branch.after_phase}
     return out

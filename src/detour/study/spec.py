@@ -50,6 +50,9 @@ class ArmSpec(_Strict):
     set: list[str] = Field(default_factory=list, description="recipe overrides of the base arm, KEY=VALUE")
     freeze: str | None = Field(None, description="LAYERS@PHASE: freeze these layers (low, mid, late or 0-3) during that phase")
     description: str | None = None
+    against: str | None = Field(None, description="the arm this one is compared with in the report's significance "
+                                                  "table, held-out losses and CKA (default: the baseline), e.g. a "
+                                                  "detour decay against the twin's decay of the same length")
 
 
 class SyntheticTaskSpec(_Strict):
@@ -186,6 +189,9 @@ def check_references(spec: StudySpec, where: Path) -> None:
             raise DetourError(f"study file {where}: arms.{name}: give `set` overrides or `freeze` (or it is the {arm.base})")
         if arm.freeze and arm.base != "detour":
             raise DetourError(f"study file {where}: arms.{name}.freeze: freeze arms are made from the detour")
+        need_arm(f"arms.{name}.against", arm.against)
+        if arm.against == name:
+            raise DetourError(f"study file {where}: arms.{name}.against: an arm is not compared with itself")
     if spec.eval is not None:
         for i, name in enumerate(spec.eval.arms or []):
             need_arm(f"eval.arms.{i}", name)
