@@ -26,6 +26,11 @@ def test_the_demo_is_the_three_arm_minilm_study_on_synthetic_data(tmp_path):
     assert spec.prepare["corpus"].sources[0].startswith("synthetic:clinical")
     assert "--noise-floor" in steps["cka"].argv and steps["eval:synthetic-ner"].argv.count("--seeds") == 1
     assert spec.eval.seeds >= 3
+    # a held-out split of the corpus, scored in every arm along the run
+    assert "--validation" in steps["prepare:corpus"].argv
+    for arm in ("detour", "baseline", "baseline-seed2"):
+        validation = steps[f"train:{arm}"].recipe.validation
+        assert validation is not None and validation.every_tokens is not None, arm
 
 
 def test_dry_run_says_the_data_are_synthetic(tmp_path, capsys):
@@ -42,7 +47,10 @@ def test_corpus_and_tasks_run_it_on_real_files(tmp_path, capsys):
     spec = demo_study([str(corpus)], "ncbi-disease,gad")
     assert spec.prepare["corpus"].sources == [str(corpus.resolve())]
     assert spec.eval.synthetic_ner is None and spec.eval.tasks == ["ncbi-disease", "gad"]
-    names = [s.name for s in build_steps(spec, tmp_path / "out")]
+    steps = build_steps(spec, tmp_path / "out")
+    names = [s.name for s in steps]
+    assert spec.prepare["corpus"].validation == demo_study().prepare["corpus"].validation  # real text is split too
+    assert str(corpus.resolve()) in steps[0].argv and "--validation" in steps[0].argv
     assert "task:synthetic-ner" not in names and "eval:ncbi-disease" in names and "eval:gad" in names
     assert main(["demo", "--corpus", str(corpus), "--tasks", "gad", "--out", str(tmp_path / "d"), "--dry-run"]) == 0
     printed = capsys.readouterr().out

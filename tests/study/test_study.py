@@ -128,6 +128,12 @@ def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm)
     assert f"{2 - finished_seeds} of 2 run(s) to do" in log  # 2 arms x 1 seed, the finished one reused
     assert (out / "report.html").is_file() and (out / "twins.json").is_file()
     assert f"report: {out / 'report.html'}" in output
+    # the study's held-out split was scored in every arm, on the same sequences and masks
+    assert json.loads((out / "twins.json").read_text())["checks"]["validation_equal"] is True
+    for arm in ("detour", "baseline"):
+        points = [r for r in map(json.loads, (out / "arms" / arm / "metrics.jsonl").read_text().splitlines())
+                  if r.get("kind") == "validation"]
+        assert [p["run_tokens"] for p in points] == [0, 2048, 4000, 6000], arm  # start, 2k, the phase ends
 
     # 4. a changed task spec reruns that task's evaluation and the report, nothing else
     task = yaml.safe_load(other.read_text())
@@ -200,6 +206,14 @@ def test_a_stale_step_and_its_downstream_are_shown_stale(tmp_path):
     ({"arms": {"x": {"base": "baseline"}}}, "arms.x: give `set` overrides or `freeze`"),
     ({"arms": {"x": {"set": ["seed=3"], "against": "y"}}}, "arms.x.against: no arm 'y'"),
     ({"arms": {"x": {"set": ["seed=3"], "against": "x"}}}, "arms.x.against: an arm is not compared with itself"),
+    ({"prepare": {"corpus": {"sources": ["synthetic:clinical?docs=300"], "tokenizer": "minilm-l6", "validation": 1.0}}},
+     "prepare.corpus.validation: Value error, expected a fraction between 0 and 1 (0.02) or a whole count"),
+    ({"prepare": {"corpus": {"sources": ["synthetic:clinical?docs=300"], "tokenizer": "minilm-l6", "validation": "2%"}}},
+     "prepare.corpus.validation: Value error, expected a fraction"),
+    ({"prepare": {"corpus": {"sources": ["synthetic:clinical?docs=300"], "tokenizer": "minilm-l6", "validation": 300}}},
+     "prepare.corpus.validation: 300 documents held out of synthetic:clinical?docs=300, which has 300"),
+    ({"prepare": {"corpus": {"sources": ["synthetic:clinical?docs=300"], "tokenizer": "minilm-l6",
+                             "validation_seed": 3}}}, "prepare.corpus.validation_seed: Value error, a seed of no draw"),
 ])
 def test_invalid_study_files_are_refused_naming_the_field(tmp_path, change, message):
     study = _study(tmp_path, **change)
@@ -226,6 +240,66 @@ def test_shipped_studies_load_and_build(tmp_path):
         assert any(s.name == "train:detour" for s in steps) and any(s.name == "train:baseline" for s in steps)
 
 
+def _training_data(spec) -> list[str]:
+    return spec.train.data or []
+
+
+def test_shipped_studies_hold_out_documents_and_score_them_in_every_arm(tmp_path):
+    """Each shipped study prepares a held-out split of the data it trains on, and every arm scores it."""
+    for path in sorted(STUDIES.glob("*.yaml")):
+        spec = load_study(path)
+        assert _training_data(spec), path
+        steps = {s.name: s for s in build_steps(spec, tmp_path / path.stem)}
+        for name in _training_data(spec):
+            assert spec.prepare[name].validation is not None, f"{path.name}: prepare.{name}.validation"
+            assert "--validation" in steps[f"prepare:{name}"].argv, path
+        for step in steps.values():
+            if step.kind == "train":
+                v = step.recipe.validation
+                assert v is not None and v.every_tokens is not None, f"{path.name}: {step.name} has no validation"
+
+
+def test_prepare_with_validation_writes_the_split_and_a_new_amount_reruns_it(tmp_path):
+    from detour.study.run import State, execute, plan
+
+    study = _study(tmp_path)
+    spec = load_study(study)
+    out = (tmp_path / "out").resolve()
+    steps = build_steps(spec, out)
+    prepare = steps[0]
+    assert prepare.name == "prepare:corpus"
+    held_out = spec.prepare["corpus"].validation
+    assert prepare.argv[prepare.argv.index("--validation"):][:4] == ["--validation", str(held_out),
+                                                                     "--validation-seed", "0"]
+    assert execute(spec, out, [prepare]) == 0  # the step as the study runs it: `detour prepare` in its process
+    manifest = json.loads((out / "data" / "corpus" / "manifest.json").read_text())
+    assert manifest["validation"]["documents"] == held_out and manifest["validation"]["seed"] == 0
+    assert manifest["documents"] == 300 - held_out  # the held-out documents are not trained on
+    split = json.loads((out / "data" / "corpus" / "validation" / "manifest.json").read_text())
+    assert split["documents"] == held_out and split["tokens"] >= 8 * 256  # the study's validation.sequences
+    assert plan(steps, out, State(out))["prepare:corpus"] == "done"
+
+    for changed in ({"validation": 0.1}, {"validation_seed": 1}):
+        raw = yaml.safe_load(study.read_text())
+        raw["prepare"]["corpus"].update(changed)
+        other = tmp_path / "changed.yaml"
+        other.write_text(yaml.safe_dump(raw))
+        states = plan(build_steps(load_study(other), out), out, State(out))
+        assert states["prepare:corpus"] == "stale", changed
+
+
+def test_validation_without_a_split_is_refused_before_anything_runs(tmp_path, capsys):
+    raw = yaml.safe_load(_study(tmp_path).read_text())
+    del raw["prepare"]["corpus"]["validation"]
+    study = tmp_path / "no-split.yaml"
+    study.write_text(yaml.safe_dump(raw))
+    assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    assert "prepare.corpus.validation: arm detour scores held-out documents" in capsys.readouterr().err
+    raw["train"]["set"].append("validation.source=elsewhere")  # a split named in the recipe: no study split needed
+    study.write_text(yaml.safe_dump(raw))
+    build_steps(load_study(study), tmp_path / "out")
+
+
 def test_keys_ignore_where_the_study_folder_is(tmp_path):
     from detour.study.graph import step_key
 
@@ -245,7 +319,7 @@ def test_a_corpus_copied_with_new_times_keeps_its_keys_but_new_content_does_not(
 
     corpus = tmp_path / "notes.txt"
     corpus.write_text("Patient seen for a cough.\nNo fever, chest clear.\n")
-    study = _study(tmp_path, prepare={"corpus": {"sources": [str(corpus)], "tokenizer": "minilm-l6"}})
+    study = _study(tmp_path, prepare={"corpus": {"sources": [str(corpus)], "tokenizer": "minilm-l6", "validation": 1}})
     out = (tmp_path / "out").resolve()
     steps = build_steps(load_study(study), out)
     state, hashes = State(out), {}

@@ -12,6 +12,8 @@ strings held out of training), with CKA against the noise floor, the trajectory 
 and the report. Synthetic text shows the machinery and the analyses at work; it is not evidence
 about real text, and the demo says so. `--corpus` (files `detour prepare` reads) and `--tasks`
 (shipped task names or spec files, capped at the demo's sizes) run the same study on real data.
+Either way 48 documents of each source are held out of training (`validation` of the study's
+prepare entry) and every arm's MLM loss on them is scored along its run, with the same masks.
 Like `detour study`, a stopped demo continues when the same command is run again.
 """
 

@@ -133,6 +133,7 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
     out = Path(out).resolve()  # keys see paths inside it as $STUDY/...
     steps = _prepare_steps(spec, out)
     arms = build_arms(spec, out)
+    _check_validation_split(spec, arms)
     steps += _train_steps(out, arms, prepared=[f"prepare:{n}" for n in (spec.train.data or [])])
     steps.append(Step("streams", "streams", deps=[f"train:{n}" for n in arms], outputs=[out / TWINS_FILE],
                       hash_of=out / TWINS_FILE))
@@ -145,6 +146,22 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
         steps.append(Step("report", "report", deps=reportable,
                           outputs=[out / "report.md", out / "report.html"], hash_of=out / "report.md"))
     return steps
+
+
+def _check_validation_split(spec: StudySpec, arms: dict[str, Recipe]) -> None:
+    """An arm scoring held-out documents from its training data's split needs that split prepared:
+    said now, not after the prepare step has run."""
+    if not spec.train.data:
+        return  # the recipe's own data.sources: `detour train` checks them
+    first = spec.train.data[0]
+    if spec.prepare[first].validation is not None:
+        return
+    for name, recipe in arms.items():
+        if recipe.validation is not None and recipe.validation.source is None:
+            raise DetourError(f"prepare.{first}.validation: arm {name} scores held-out documents (`validation` in "
+                              f"its recipe) from the split of its first data entry, {first!r}, which holds none; "
+                              f"set prepare.{first}.validation (e.g. 0.02, or a count of documents) or "
+                              "validation.source")
 
 
 def _model_dir(out: Path, arm: str) -> str:
@@ -162,6 +179,8 @@ def _prepare_steps(spec: StudySpec, out: Path) -> list[Step]:
             argv.append("--blank-line-docs")
         if prep.workers:
             argv += ["--workers", str(prep.workers)]
+        if prep.validation is not None:
+            argv += ["--validation", str(prep.validation), "--validation-seed", str(prep.validation_seed or 0)]
         steps.append(Step(f"prepare:{name}", "prepare", argv=argv, inputs=_local_inputs(sources),
                           outputs=[out / "data" / name / "manifest.json"],
                           hash_of=out / "data" / name / "manifest.json"))

@@ -35,6 +35,30 @@ class PrepareSpec(_Strict):
     text_field: str | None = None
     blank_line_docs: bool = False
     workers: int | None = Field(None, gt=0)
+    validation: float | int | None = Field(
+        None, description="hold out documents of each source into data/NAME/validation/ (`--validation`): "
+                          "a fraction below 1 (0.02) or a count of documents (200)")
+    validation_seed: int | None = Field(None, ge=0, description="seed of the draw of the held-out documents "
+                                                                "(`--validation-seed`; default 0)")
+
+    @field_validator("validation", mode="before")
+    @classmethod
+    def _amount(cls, value):
+        # as `detour prepare --validation` reads it: 0.02 is a share, 200 a count; 1.0, 0, true are neither
+        if value is None:
+            return None
+        if isinstance(value, float) and 0 < value < 1 or isinstance(value, int) and not isinstance(value, bool) \
+                and value >= 1:
+            return value
+        raise ValueError(f"expected a fraction between 0 and 1 (0.02) or a whole count of documents (200), "
+                         f"got {value!r}")
+
+    @field_validator("validation_seed")
+    @classmethod
+    def _seed_needs_split(cls, value, info):
+        if value is not None and info.data.get("validation") is None:
+            raise ValueError("a seed of no draw: set validation (a fraction or a count of documents) too")
+        return value
 
 
 class TrainSpec(_Strict):
@@ -178,6 +202,8 @@ def check_references(spec: StudySpec, where: Path) -> None:
         if name is not None and name not in arms:
             raise DetourError(f"study file {where}: {field}: no arm {name!r} (the arms: {', '.join(arms)})")
 
+    for name, prep in spec.prepare.items():
+        _check_held_out_count(where, name, prep)
     if not spec.path(spec.train.recipe).is_file():
         raise DetourError(f"study file {where}: train.recipe: {spec.path(spec.train.recipe)} not found")
     for i, name in enumerate(spec.train.data or []):
@@ -219,6 +245,24 @@ def check_references(spec: StudySpec, where: Path) -> None:
         for i, name in enumerate(a.needle.arms):
             need_arm(f"analyses.needle.arms.{i}", name)
         _check_options(where, "analyses.needle.options", ["needle"], a.needle.options, ["M"])
+
+
+def _check_held_out_count(where: Path, name: str, prep: PrepareSpec) -> None:
+    """A count of held-out documents must leave a synthetic source (whose size the study file says) some to train on."""
+    if not isinstance(prep.validation, int):
+        return
+    from detour.data.sources import parse_source
+
+    for i, source in enumerate(prep.sources):
+        if not source.startswith("synthetic:"):
+            continue
+        try:
+            docs = parse_source(source).options["docs"]
+        except DetourError as exc:
+            raise DetourError(f"study file {where}: prepare.{name}.sources.{i}: {exc}") from None
+        if prep.validation >= docs:
+            raise DetourError(f"study file {where}: prepare.{name}.validation: {prep.validation} documents held out "
+                              f"of {source}, which has {docs}; at least one must stay for training")
 
 
 RESERVED = {"out", "noise_floor", "src", "dst"}  # set by the study itself
