@@ -31,7 +31,8 @@ from tests.conftest import REPO
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 MARKER = re.compile(r"<!--\s*defaults:\s*([\w.]+)\s*-->")
 # the tables there must be: a model documented elsewhere fails until its table is listed here
-TABLES = {"docs/eval.md": "detour.eval.tasks.TaskSpec", "docs/recipe.md": "detour.config.Recipe"}
+TABLES = {"docs/eval.md": "detour.eval.tasks.TaskSpec", "docs/recipe.md": "detour.config.Recipe",
+          "docs/study.md": "detour.study.spec.PrepareSpec"}
 # fields a user never writes, with the reason
 NOT_DOCUMENTED = {"detour.eval.tasks.TaskSpec": {"source": "set by the loader: the spec file",
                                                  "root": "set by the loader: the data root"}}
@@ -236,11 +237,13 @@ def _prose_numbers() -> list[tuple[str, str]]:
     demo = yaml.safe_load(DEMO.read_text())
     recipe = yaml.safe_load((DEMO.parent / demo["train"]["recipe"]).read_text())
     documents = re.search(r"docs=(\d+)", demo["prepare"]["corpus"]["sources"][0]).group(1)
+    held_out = demo["prepare"]["corpus"]["validation"]
     clm, decay = (p["tokens"] for p in recipe["phases"])
     rate = Recipe.model_fields["baseline_mask_rate"].default
     return [
         ("README.md", f"{HELD_OUT_SHARE:.0%} of each type's entity strings held out of training"),
         ("README.md", f"continues it on {int(documents):,} **synthetic** clinical case reports"),
+        ("README.md", f"generated text; {held_out} of them held out of training"),
         ("README.md", f"with the detour ({clm} CLM tokens, then a {decay}-token MLM\ndecay)"),
         ("README.md", f"held out of training) over {demo['eval']['seeds']}\nseeds"),
         ("README.md", f"plain lines at least every {LoggingSpec().every_seconds:.0f} s"),
