@@ -7,7 +7,8 @@
 
 Arms, fp32 on CPU, on the same packed MiniLM batches of the embedded synthetic corpus:
   - hf-mlm:     stock recipe: AutoModelForMaskedLM with DataCollatorForLanguageModeling (15%),
-                dense head over every position, no document masks, torch AdamW;
+                dense head over every position, no document masks, the fused AdamW (the Trainer's
+                default, adamw_torch_fused; every arm steps the same fused AdamW, as detour trains);
   - detour-mlm: detour's MLM step at 15% (document-isolated masks, head only on masked rows);
   - detour-clm: detour's CLM step (causal + document masks, fused head over every labelled row,
                 rows of 1024 per chunk as recipes default to).
@@ -122,7 +123,7 @@ def worker(arm: str, kind: str, data: Path, seq_len: int, micro: int, n_batches:
 
     model, tok = _model(kind)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     batches = _batches(data, seq_len, micro, n_batches)
     gen = torch.Generator().manual_seed(0)
     if arm == "hf-mlm":

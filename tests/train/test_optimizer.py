@@ -55,3 +55,25 @@ def test_the_recipe_betas_and_eps_reach_every_group(tiny_recipe, betas, eps):
     assert [tuple(g["betas"]) for g in optimizer.param_groups] == [betas, betas]
     assert [g["eps"] for g in optimizer.param_groups] == [eps, eps]
     assert [g["weight_decay"] for g in optimizer.param_groups] == [pytest.approx(1e-5 / 3e-4), 0.0]
+
+
+def test_the_optimizer_is_the_fused_adamw_and_updates_as_the_per_tensor_loop(tiny_recipe):
+    """The fused kernel (as the HF Trainer's default) on CPU, with the same update as torch's loop."""
+    recipe = tiny_recipe()
+    model, _ = build_model(recipe, select_device("cpu"))
+    fused = build_optimizer(model, recipe.optimizer)
+    assert fused.defaults["fused"] is True
+    twin = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
+    loop = torch.optim.AdamW([{**{k: v for k, v in g.items() if k not in ("params", "fused", "foreach")},
+                               "params": [twin[n] for n, p in model.named_parameters() if any(p is q for q in g["params"])]}
+                              for g in fused.param_groups], foreach=False, fused=False)
+    assert not loop.defaults["fused"] and not any(g.get("fused") for g in loop.param_groups)
+    torch.manual_seed(0)
+    for _ in range(3):
+        for n, p in model.named_parameters():
+            p.grad = torch.randn_like(p)
+            twin[n].grad = p.grad.clone()
+        fused.step()
+        loop.step()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), twin[n].detach(), rtol=1e-5, atol=1e-6)
