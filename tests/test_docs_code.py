@@ -230,6 +230,7 @@ def test_a_renamed_test_is_found_in_every_form_of_citation():
 def _prose_numbers() -> list[tuple[str, str]]:
     """(file, phrase) pairs: each phrase holds a number as the code has it."""
     from detour.config import LoggingSpec, Recipe
+    from detour.eval.finetune import SCORE_ROWS, SCORE_TOKENS_BATCHES
     from detour.eval.synthetic_ner import HELD_OUT_SHARE
     from detour.eval.tasks import Training
     from detour.study.demo import DEMO
@@ -249,6 +250,9 @@ def _prose_numbers() -> list[tuple[str, str]]:
         ("README.md", f"plain lines at least every {LoggingSpec().every_seconds:.0f} s"),
         ("README.md", f"(the twin's replaced phase is\nnamed for what it is, `mlm{rate * 100:.0f}`"),
         ("docs/study.md", f"else the task spec's, else the task default of {Training().epochs};"),
+        ("docs/eval.md", f"{SCORE_ROWS['cpu']}x the training batch on CPU"),
+        ("docs/eval.md", f"and {SCORE_ROWS['cuda']}x on a GPU, never more tokens per batch than "
+                         f"{['one', 'two', 'three', 'four'][SCORE_TOKENS_BATCHES - 1]}\ntraining batches"),
     ]
 
 

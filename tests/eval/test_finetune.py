@@ -166,3 +166,128 @@ def test_the_optimizer_is_the_fused_adamw_with_the_plain_loops_update(tmp_path, 
 def _group_names(model, optimizer) -> list[list[str]]:
     names = {id(p): n for n, p in model.named_parameters()}
     return [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+
+
+def _padded_share(order: list[int], lengths: list[int], batch_size: int) -> float:
+    """Tokens the batches of `order` hold, padding included, over the real tokens."""
+    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    return sum(len(b) * max(lengths[i] for i in b) for b in batches) / sum(lengths)
+
+
+def test_grouped_order_is_a_seeded_permutation_of_batches_of_similar_length():
+    """group_by_length: every input once per epoch, batches of about one length (little padding,
+    where a plain shuffle pads to about twice the real tokens), the order fixed by the seed alone,
+    and the generator moved on exactly as one randperm moves it (what a resumed run restores)."""
+    import random
+
+    from detour.eval.finetune import train_order
+
+    rng = random.Random(7)
+    lengths = [rng.randint(5, 200) for _ in range(600)]
+    grouped = train_order(lengths, 16, True, torch.Generator().manual_seed(3))
+    assert sorted(grouped) == list(range(600))
+    assert _padded_share(grouped, lengths, 16) < 1.15
+    shuffled = train_order(lengths, 16, False, torch.Generator().manual_seed(3))
+    assert shuffled == torch.randperm(600, generator=torch.Generator().manual_seed(3)).tolist()
+    assert _padded_share(shuffled, lengths, 16) > 1.5
+    assert train_order(lengths, 16, True, torch.Generator().manual_seed(3)) == grouped
+    assert train_order(lengths, 16, True, torch.Generator().manual_seed(4)) != grouped
+    used, fresh = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    train_order(lengths, 16, True, used)
+    torch.randperm(600, generator=fresh)
+    assert torch.equal(used.get_state(), fresh.get_state())
+
+
+def test_score_batches_cover_every_input_once_sorted_within_their_budget():
+    from detour.eval.finetune import score_batches
+
+    lengths = [3, 250, 40, 41, 8, 256, 100] * 20
+    batches = score_batches(lengths, 4, 256, "cpu")
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert [lengths[i] for i in flat] == sorted(lengths)
+    assert all(len(b) <= 8 and len(b) * max(lengths[i] for i in b) <= 2 * 4 * 256 for b in batches)
+
+
+def varied_cls_spec(tmp_path, n=400):
+    """A classification task whose texts run from 1 to 24 words, so the length grouping shows (320
+    train inputs make 10 batches of 8 a mega-batch: fewer, and a mega-batch is a single batch)."""
+    words = ("fever cough infection".split(), "fracture fall trauma".split())
+    rows = ["sentence\tlabel"] + [" ".join((words[i % 2] * 8)[: 1 + (i * 7) % 24]) + f"\t{i % 2}" for i in range(n)]
+    (tmp_path / "v.tsv").write_text("\n".join(rows))
+    return TaskSpec(name="varied", type="classification", format="tsv", data={"all": "v.tsv"}, root=str(tmp_path),
+                    max_length=32, training={"epochs": 2, "batch_size": 8, "lr": 1e-3})
+
+
+def test_training_batches_are_grouped_by_length_and_resume_bit_for_bit(tmp_path, minilm_tokenizer, monkeypatch):
+    """The batches finetune trains on hold inputs of about one length (the spec's group_by_length,
+    on by default) and not with it off; stopped after epoch 1, the grouped run resumes to the same
+    losses, weights and metrics as the uninterrupted one."""
+    import detour.eval.finetune as ft
+
+    model = tiny_modernbert_folder(tmp_path, minilm_tokenizer)
+    spec = varied_cls_spec(tmp_path)
+    assert spec.training.group_by_length is True
+    prep = prepare_task(spec, model, Budget())
+    seen, watched = [], {"train": prep.tensors["train"]}
+    real_batch = ft.SplitTensors.batch
+
+    def recording(self, rows):
+        if self is watched["train"]:
+            seen.append(list(rows))
+        return real_batch(self, rows)
+
+    monkeypatch.setattr(ft.SplitTensors, "batch", recording)
+    lengths = prep.tensors["train"].lengths
+    losses = []
+    whole = finetune(model, prep, seed=5, device="cpu", on_step=losses.append)
+    grouped_order = [i for b in seen for i in b]
+    assert sorted(grouped_order[: len(lengths)]) == list(range(len(lengths)))
+    assert _padded_share(grouped_order[: len(lengths)], lengths, 8) < 1.2
+
+    seen.clear()
+    spec_off = spec.model_copy(deep=True)
+    spec_off.training.group_by_length = False
+    prep_off = prepare_task(spec_off, model, Budget())
+    watched["train"] = prep_off.tensors["train"]
+    finetune(model, prep_off, seed=5, device="cpu")
+    plain_order = [i for b in seen for i in b][: len(lengths)]
+    assert _padded_share(plain_order, lengths, 8) > 1.5
+
+    path = tmp_path / "state.pt"
+
+    def stop(info):
+        if info["epoch"] == 1:
+            raise Killed
+
+    with pytest.raises(Killed):
+        finetune(model, prep, seed=5, device="cpu", on_epoch=stop, checkpoint=path, checkpoint_key="k")
+    later = []
+    resumed = finetune(model, prep, seed=5, device="cpu", on_step=later.append, checkpoint=path, checkpoint_key="k")
+    assert later == losses[len(losses) // 2 :]
+    assert resumed["metrics"] == whole["metrics"] and resumed["validation"] == whole["validation"]
+
+
+def test_features_are_tokenized_once_per_tokenizer_and_budget(tmp_path, minilm, minilm_tokenizer):
+    """With one cache, a second model with the same tokenizer (another folder) reuses the features and
+    their tensors; another max length, or a tokenizer with another vocabulary, tokenizes afresh."""
+    other = tiny_modernbert_folder(tmp_path, minilm_tokenizer)
+    spec, cache = cls_spec(tmp_path), {}
+    first = prepare_task(spec, str(minilm), Budget(), cache=cache)
+    again = prepare_task(spec, other, Budget(), cache=cache)
+    assert (first.info["features_cached"], again.info["features_cached"]) == (False, True)
+    assert again.features is first.features and again.tensors is first.tensors
+    shorter = prepare_task(spec, other, Budget(max_length=16), cache=cache)
+    assert shorter.info["features_cached"] is False and shorter.max_length == 16
+    assert max(shorter.tensors["train"].lengths) <= 16
+
+    from transformers import AutoTokenizer
+
+    grown = tmp_path / "grown"
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["feverish"])
+    tiny_modernbert_folder(grown, tok)
+    assert prepare_task(spec, str(grown / "tiny-modernbert"), Budget(), cache=cache).info["features_cached"] is False
+    assert len(cache) == 3
+    fresh = prepare_task(spec, other, Budget())  # no cache: the same features, made again
+    assert fresh.info["features_cached"] is False and fresh.features == first.features

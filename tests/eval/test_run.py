@@ -565,3 +565,34 @@ def test_eval_into_a_full_filesystem_says_no_space_and_the_rerun_succeeds(minilm
     disk.grow("600m")
     assert evaluate(minilm, out, *args, data_root=shared_data) == 0
     assert len(json.loads((out / "results.json").read_text())["runs"]) == 1
+
+
+def test_models_that_share_a_tokenizer_tokenize_each_task_once(tmp_path, minilm, minilm_tokenizer, monkeypatch):
+    """Two models with one tokenizer (MiniLM and a ModernBERT saved with MiniLM's tokenizer), two
+    seeds each: the task's splits are tokenized once for all four runs."""
+    from transformers import ModernBertModel
+
+    from detour.eval.tasks import get_task_type
+    from tests.conftest import tiny_modernbert_config
+
+    folder = tmp_path / "tiny-modernbert"
+    torch.manual_seed(0)
+    ModernBertModel(tiny_modernbert_config()).save_pretrained(folder)
+    minilm_tokenizer.save_pretrained(folder)
+    root = tmp_path / "tasks"
+    root.mkdir()
+    spec = write_task(root, "alpha")
+    task_type = get_task_type("classification")
+    encoded = []
+    real_encode = task_type.encode
+
+    def counted(examples, *a, **k):
+        encoded.append(len(examples))
+        return real_encode(examples, *a, **k)
+
+    monkeypatch.setattr(task_type, "encode", counted)
+    calls = counting_finetune(monkeypatch)
+    argv = ["eval", str(minilm), str(folder), "--task-spec", str(spec), "--seeds", "2", "--data-root", str(root),
+            "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    assert len(calls) == 4 and len(encoded) == 3  # train, validation, test: once for both models and seeds

@@ -9,6 +9,12 @@ print(finetune(m, p, seed=0)['metrics'])"
 The best epoch's weights are kept in memory (a detached copy). Everything random is seeded from
 the run seed: python, numpy, torch (head init, dropout) and the data order.
 
+Speed: each split is tokenized once and padded into tensors once (`prepare_task`; with `cache=`, a
+dict kept by the caller, once per tokenizer and budget across models and seeds); a batch is a row
+selection of those tensors cut to its longest input. With the spec's `training.group_by_length`
+(the default) the train batches hold inputs of about the same length, so little of each batch is
+padding; validation and test are scored in batches sorted by length, larger than training's.
+
 With `checkpoint=PATH`, the whole training state is saved there after every epoch (atomically,
 tensors and plain values only, read back with `torch.load(weights_only=True)`): the trainable
 weights, the optimizer and scheduler, every random generator, the best epoch's weights so far and
@@ -18,6 +24,8 @@ saved epoch and ends with the same result as an uninterrupted run (bit for bit o
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 import time
@@ -36,6 +44,15 @@ from detour.eval.tasks import TaskSpec, get_task_type
 from detour.eval.validate import validate_task
 
 PADDED = {"input_ids": None, "attention_mask": 0, "token_labels": -100}
+
+# Scoring batches (no gradients, nothing kept for a backward pass) take up to SCORE_ROWS[device]
+# times the training batch's inputs, and at most the tokens of SCORE_TOKENS_BATCHES training batches
+# at the full max length: sorted by length, short inputs go many to a batch, long ones fewer, and no
+# scoring batch holds more attention than two full-length training batches would. On CPU larger
+# batches were slower (MiniLM-L6, one thread, NCBI Disease and GAD validation: 8x the training batch
+# scored 20-25% fewer inputs a second than 2x), so the CPU keeps 2x; a GPU takes 8x.
+SCORE_ROWS = {"cpu": 2, "cuda": 8}
+SCORE_TOKENS_BATCHES = 2
 
 
 @dataclass
@@ -67,6 +84,7 @@ class PreparedTask:
     batch_size: int
     pad_id: int
     info: dict = field(default_factory=dict)
+    tensors: dict[str, "SplitTensors"] = field(default_factory=dict)
 
 
 def seed_everything(seed: int) -> None:
@@ -86,8 +104,44 @@ def model_max_length(model: str, tokenizer) -> int:
     return min(limit, tok_limit)
 
 
-def prepare_task(spec: TaskSpec, model: str, budget: Budget, splits: dict | None = None) -> PreparedTask:
-    """Read (or reuse) the splits, cap them, and tokenize them for `model`'s tokenizer."""
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A sha256 of what decides how the tokenizer turns text into ids: its whole definition (vocabulary,
+    normalizer, pre-tokenizer, special-token template), its special tokens and pad id; not where it was
+    read from, nor the python class that wraps it (a folder whose config names another model family
+    may load the same definition as another class)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        definition = json.loads(backend.to_str())
+        # the truncation and padding a tokenizer was last called with (or saved with), not what it is:
+        # every encode call passes its own
+        definition.pop("truncation", None)
+        definition.pop("padding", None)
+    else:  # a python-only tokenizer: its class is its algorithm
+        definition = {"class": type(tokenizer).__name__, "vocab": sorted(tokenizer.get_vocab().items())}
+    extra = {"special": tokenizer.special_tokens_map, "pad_token_id": tokenizer.pad_token_id}
+    # sorted: two saves of one tokenizer may order their JSON apart
+    text = json.dumps({"definition": definition, **extra}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _features_key(tokenizer, spec: TaskSpec, labels: list[str], max_length: int, examples: dict) -> str:
+    """Everything the features of a task depend on: the tokenizer, the max length, the spec's encoding
+    fields (not its training settings), the label list and the examples themselves."""
+    spec_part = spec.model_dump(mode="json", exclude={"training", "description", "source", "root"})
+    text = json.dumps({"tokenizer": tokenizer_fingerprint(tokenizer), "max_length": max_length, "spec": spec_part,
+                       "labels": labels, "examples": examples}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def prepare_task(spec: TaskSpec, model: str, budget: Budget, splits: dict | None = None,
+                 cache: dict | None = None) -> PreparedTask:
+    """Read (or reuse) the splits, cap them, and tokenize them for `model`'s tokenizer.
+
+    cache: a dict the caller keeps; the features and their tensors are stored in it under a key of
+    the tokenizer's fingerprint, the max length, the spec's encoding fields, the labels and the
+    examples, and reused by a later call with the same key (another seed, or another model with the
+    same tokenizer). `info["features_cached"]` says whether this call reused them.
+    """
     tokenizer = load_tokenizer(model)
     task_type = get_task_type(spec.type)
     splits = splits or load_splits(spec)
@@ -102,13 +156,22 @@ def prepare_task(spec: TaskSpec, model: str, budget: Budget, splits: dict | None
             raise DetourError(f"task {spec.name}: the {name} split is empty")
     labels = task_type.label_set(spec, splits["train"])  # the full train's labels, whatever the cap
     max_length = min(spec.max_length if budget.max_length is None else budget.max_length, model_max_length(model, tokenizer))
-    features = {k: task_type.encode(v, tokenizer, spec, labels, max_length) for k, v in examples.items()}
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    key = _features_key(tokenizer, spec, labels, max_length, examples) if cache is not None else None
+    cached = key in cache if cache is not None else False
+    if cached:
+        features, tensors = cache[key]
+    else:
+        features = {k: task_type.encode(v, tokenizer, spec, labels, max_length) for k, v in examples.items()}
+        tensors = {k: SplitTensors(v, pad_id) for k, v in features.items()}
+        if cache is not None:
+            cache[key] = (features, tensors)
     t = spec.training
     return PreparedTask(
         spec=spec, labels=labels, examples=examples, features=features, max_length=max_length,
         epochs=_given(budget.epochs, t.epochs), lr=_given(budget.lr, t.lr),
-        batch_size=_given(budget.batch_size, t.batch_size),
-        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        batch_size=_given(budget.batch_size, t.batch_size), pad_id=pad_id,
+        info={"features_cached": cached}, tensors=tensors,
     )
 
 
@@ -129,6 +192,59 @@ def collate(features: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     if "label_vector" in features[0]:
         batch["label_vector"] = torch.tensor([f["label_vector"] for f in features], dtype=torch.float)
     return batch
+
+
+class SplitTensors:
+    """One split's features padded once into tensors (to the split's longest input); `batch(rows)`
+    selects rows and cuts them to the longest of those rows: the same tensors `collate` makes of
+    those features, without building python lists again at every step of every epoch."""
+
+    def __init__(self, features: list[dict], pad_id: int):
+        self.lengths = [len(f["input_ids"]) for f in features]
+        self._lengths = torch.tensor(self.lengths, dtype=torch.long)
+        self._tensors = collate(features, pad_id)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def batch(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.tensor(rows, dtype=torch.long)
+        longest = int(self._lengths[index].max())
+        return {k: v[index, :longest] if k in PADDED else v[index] for k, v in self._tensors.items()}
+
+
+def train_order(lengths: list[int], batch_size: int, group_by_length: bool, generator: torch.Generator) -> list[int]:
+    """The order of one epoch's training inputs (consecutive slices of batch_size are the batches).
+
+    group_by_length: the HF Trainer's own length grouping (transformers' `get_length_grouped_indices`,
+    called, not copied): a permutation drawn from `generator`, cut into mega-batches of up to 50
+    batches, each sorted by length (longest first; the longest input of all in the first batch).
+    Otherwise the permutation alone. Either way the generator is drawn from exactly once, by one
+    `torch.randperm`, so the saved generator state resumes the same order.
+    """
+    if not group_by_length:
+        return torch.randperm(len(lengths), generator=generator).tolist()
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    return get_length_grouped_indices(lengths, batch_size, generator=generator)
+
+
+def score_batches(lengths: list[int], batch_size: int, max_length: int, device="cpu") -> list[list[int]]:
+    """Scoring batches: inputs sorted by length, each batch up to SCORE_ROWS[device] training batches
+    of inputs and SCORE_TOKENS_BATCHES full-length training batches of tokens (padding included)."""
+    rows = SCORE_ROWS.get(torch.device(device).type, SCORE_ROWS["cpu"]) * batch_size
+    tokens = SCORE_TOKENS_BATCHES * batch_size * max_length
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, current = [], []
+    for i in order:
+        # sorted ascending, so the batch's longest input is the one being added
+        if current and (len(current) == rows or (len(current) + 1) * lengths[i] > tokens):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
 
 
 def _optimizer(model: EncoderWithHead, lr: float, head_lr: float | None, weight_decay: float):
@@ -152,19 +268,17 @@ def _optimizer(model: EncoderWithHead, lr: float, head_lr: float | None, weight_
 
 
 @torch.inference_mode()  # no autograd records at all: scoring builds no graph and keeps no version counters
-def predict_logits(model, features, pad_id, batch_size, device) -> list[np.ndarray]:
-    """Logits per feature (unpadded rows for token tasks), batched by length for speed."""
+def predict_logits(model, tensors: SplitTensors, batch_size: int, max_length: int, device) -> list[np.ndarray]:
+    """Logits per feature (unpadded rows for token tasks), in batches sorted by length (score_batches)."""
     model.eval()
-    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
-    out: list = [None] * len(features)
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
-        batch = {k: v.to(device) for k, v in collate([features[i] for i in idx], pad_id).items()}
+    out: list = [None] * len(tensors)
+    for idx in score_batches(tensors.lengths, batch_size, max_length, device):
+        batch = {k: v.to(device) for k, v in tensors.batch(idx).items()}
         with _autocast(device):
             logits, _ = model(batch)
         logits = logits.float().cpu().numpy()
         for row, i in zip(logits, idx):
-            out[i] = row[: len(features[i]["input_ids"])] if logits.ndim == 3 else row
+            out[i] = row[: tensors.lengths[i]] if logits.ndim == 3 else row
     return out
 
 
@@ -176,7 +290,7 @@ def _autocast(device):
 
 def evaluate(model, prep: PreparedTask, split: str, device) -> dict[str, float]:
     task_type = get_task_type(prep.spec.type)
-    logits = predict_logits(model, prep.features[split], prep.pad_id, prep.batch_size * 2, device)
+    logits = predict_logits(model, prep.tensors[split], prep.batch_size, prep.max_length, device)
     preds = task_type.predict(logits, prep.features[split], len(prep.examples[split]), prep.labels)
     metrics = task_type.score(prep.examples[split], preds, prep.labels)
     if prep.spec.headline not in metrics:
@@ -322,11 +436,11 @@ def _resume(checkpoint, checkpoint_key: str, prep: PreparedTask, model, optimize
 def _train_epoch(model, optimizer, schedule, prep: PreparedTask, order_rng: torch.Generator, device,
                  on_step=None) -> None:
     """One pass over the training features in a seeded order, one optimizer step per batch."""
-    train = prep.features["train"]
+    train = prep.tensors["train"]
     model.train()
-    perm = torch.randperm(len(train), generator=order_rng).tolist()
-    for s in range(0, len(perm), prep.batch_size):
-        batch = {k: v.to(device) for k, v in collate([train[i] for i in perm[s : s + prep.batch_size]], prep.pad_id).items()}
+    order = train_order(train.lengths, prep.batch_size, prep.spec.training.group_by_length, order_rng)
+    for s in range(0, len(order), prep.batch_size):
+        batch = {k: v.to(device) for k, v in train.batch(order[s : s + prep.batch_size]).items()}
         with _autocast(device):
             _, loss = model(batch)
         optimizer.zero_grad(set_to_none=True)

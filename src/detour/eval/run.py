@@ -493,12 +493,14 @@ def _evaluate(args, specs, budget: Budget, stop: _Stop, state: dict, out_dir: Pa
             if not task_todo:
                 continue
             spec = tp.spec
+            # Models with the same tokenizer share the task's features: tokenized once, kept for this task only.
+            token_cache: dict = {}
             for model in args.models:
                 seeds = [(s, key) for m, s, key in task_todo if m == model]
                 if not seeds:
                     continue
                 state["doing"] = f"preparing {display_name(model)} for {spec.name}"
-                prep = prepare_task(spec, model, budget, tp.splits)
+                prep = prepare_task(spec, model, budget, tp.splits, cache=token_cache)
                 if examples_sha256(prep.examples) != tp.setting["data_sha256"]:
                     raise DetourError(f"task {spec.name}: the examples prepared for {display_name(model)} are not "
                                       "those the cache key was computed from (the caps disagree); please report this")

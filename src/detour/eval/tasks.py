@@ -99,6 +99,8 @@ class Training(BaseModel):
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="share of steps with linear warmup")
     dropout: float = Field(0.1, ge=0, lt=1, description="dropout before the head")
+    group_by_length: bool = Field(True, description="train on batches of inputs of about the same length "
+                                                    "(seeded shuffle, then sorted within chunks of 50 batches)")
 
 
 class SplitRule(BaseModel):
