@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -450,6 +451,50 @@ def test_a_checkpoint_folder_detour_did_not_make_is_refused(minilm, shared_data,
     (tmp_path / run_module.CHECKPOINT_DIR / "mine.pt").write_text("a user's file\n")
     assert evaluate(minilm, tmp_path, *TINY, "--tasks", "gad", data_root=shared_data) == 2
     assert (tmp_path / run_module.CHECKPOINT_DIR / "mine.pt").read_text() == "a user's file\n"
+
+
+class _Killed(BaseException):
+    """Stands for a kill -9 at that point: nothing after it runs."""
+
+
+def _kill_at(monkeypatch, target, name: str):
+    def killed(*args, **kwargs):
+        raise _Killed(name)
+
+    monkeypatch.setattr(target, name, killed)
+
+
+@pytest.mark.parametrize("moment", ["before the new folder is renamed into place",
+                                    "after the old folder's marker is removed"])
+def test_a_kill_at_any_moment_never_leaves_the_epoch_checkpoint_folder_without_its_marker(tmp_path, monkeypatch, moment):
+    """A rerun after a kill -9 must never find an OUT/epoch-checkpoints it takes for the user's (and refuse)."""
+    checkpoints = run_module.EpochCheckpoints(tmp_path)
+    if moment.startswith("before"):
+        _kill_at(monkeypatch, run_module.os, "replace")
+        with pytest.raises(_Killed):
+            checkpoints.ready()
+    else:
+        checkpoints.ready()
+        path = checkpoints.path("arms/detour/model", "gad", 0)
+        path.write_bytes(b"an epoch")
+        _kill_at(monkeypatch, Path, "rmdir")
+        with pytest.raises(_Killed):
+            checkpoints.remove(path)
+    monkeypatch.undo()
+    folder = tmp_path / run_module.CHECKPOINT_DIR
+    assert not folder.exists() or (folder / run_module.CHECKPOINT_MARKER).is_file()
+    again = run_module.EpochCheckpoints(tmp_path)  # the rerun: accepted, and the staging folder is cleared
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    again.ready()
+    assert [p.name for p in folder.iterdir()] == [run_module.CHECKPOINT_MARKER]
+
+
+def test_a_hidden_folder_of_the_users_that_looks_like_a_staging_folder_is_kept(tmp_path):
+    mine = tmp_path / f".{run_module.CHECKPOINT_DIR}.notes-1"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    run_module.EpochCheckpoints(tmp_path)
+    assert (mine / "notes.txt").read_text() == "mine\n"
 
 
 def test_sigint_before_any_run_finished_exits_75_leaving_no_results(minilm, shared_data, tmp_path):

@@ -218,13 +218,29 @@ class TaskPlan:
 
 
 class EpochCheckpoints:
-    """OUT/epoch-checkpoints: one file per (model, task, seed) whose training has not finished."""
+    """OUT/epoch-checkpoints: one file per (model, task, seed) whose training has not finished.
+
+    The folder appears with its marker already in it and disappears whole (each a rename of a
+    folder under a name of detour's own), so a kill -9 at any moment never leaves it without the
+    marker, which a rerun would take for a folder of the user's.
+    """
 
     def __init__(self, out: Path):
         self.dir = out / CHECKPOINT_DIR
+        self._clear_leftovers()
         if self.dir.exists() and not (self.dir / CHECKPOINT_MARKER).is_file():
             raise DetourError(f"{self.dir} exists and was not made by detour eval (no {CHECKPOINT_MARKER} in it); "
                               "move it away or use another --out")
+
+    def _staging(self, what: str) -> Path:
+        return self.dir.with_name(f".{CHECKPOINT_DIR}.{what}-{os.getpid()}")
+
+    def _clear_leftovers(self) -> None:
+        """Staging folders a killed run left behind: removed when they hold nothing but the marker."""
+        for folder in self.dir.parent.glob(f".{CHECKPOINT_DIR}.*-*") if self.dir.parent.is_dir() else ():
+            if folder.is_dir() and {p.name for p in folder.iterdir()} <= {CHECKPOINT_MARKER}:
+                (folder / CHECKPOINT_MARKER).unlink(missing_ok=True)
+                folder.rmdir()
 
     def path(self, model: str, task: str, seed: int) -> Path:
         def slug(text):
@@ -235,18 +251,22 @@ class EpochCheckpoints:
         return self.dir / f"{slug(display_name(model))}-{digest}.{slug(task)}.seed{seed}.pt"
 
     def ready(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        marker = self.dir / CHECKPOINT_MARKER
-        if not marker.exists():
-            write_text(marker, "Epoch checkpoints of unfinished detour eval runs: a rerun resumes from them.\n"
-                               "detour eval removes each once its run is finished.\n")
+        if (self.dir / CHECKPOINT_MARKER).is_file():
+            return
+        staging = self._staging("new")
+        staging.mkdir(parents=True, exist_ok=True)
+        write_text(staging / CHECKPOINT_MARKER, "Epoch checkpoints of unfinished detour eval runs: a rerun resumes "
+                                                "from them.\ndetour eval removes each once its run is finished.\n")
+        os.replace(staging, self.dir)
 
     def remove(self, path: Path) -> None:
         path.unlink(missing_ok=True)
         # the folder goes with its last checkpoint; anything else in it keeps it
         if self.dir.is_dir() and [p.name for p in self.dir.iterdir()] == [CHECKPOINT_MARKER]:
-            (self.dir / CHECKPOINT_MARKER).unlink()
-            self.dir.rmdir()
+            gone = self._staging("old")
+            os.replace(self.dir, gone)
+            (gone / CHECKPOINT_MARKER).unlink()
+            gone.rmdir()
 
 
 def run(args) -> int:
