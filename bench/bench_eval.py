@@ -5,6 +5,7 @@ model, examples and settings.
     .venv/bin/python bench/bench_eval.py            # 2 tasks x 2 arms x 2 rounds, writes bench/results/eval-*.json
     .venv/bin/python bench/bench_eval.py --quick    # 64 examples, 1 epoch, one round, nothing written
     .venv/bin/python bench/bench_eval.py --ungrouped  # and detour without length grouping (before/after)
+    .venv/bin/python bench/bench_eval.py --stock      # and the Trainer with its default (random) sampling
     .venv/bin/python bench/bench_eval.py --train 400 --eval 200 --rounds 3 --tasks gad
 
 The Trainer arm needs `accelerate` (the `hf-baselines` extra): `.venv/bin/pip install 'accelerate>=1.1'`.
@@ -28,7 +29,9 @@ The arms:
     Trainer returns the test predictions in its length-grouped order, with their label ids);
   - with --ungrouped, a third arm: detour with the spec's `training.group_by_length` set to false
     (a plain seeded shuffle, detour's order before the setting existed), to show what the
-    grouping alone buys.
+    grouping alone buys;
+  - with --stock, the Trainer as a user gets it without asking for length grouping: its default
+    `train_sampling_strategy` (random), all else as the Trainer arm above.
 Both read the task through detour's reader and split rule (GAD's validation is a seeded 10% of
 its train file), take the same labels and score with the same functions
 (detour.eval.metrics.span_scores for NER, classification_scores for GAD).
@@ -72,7 +75,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 ARMS = ("detour", "trainer")
 UNGROUPED = "detour-ungrouped"  # --ungrouped: detour with the spec's group_by_length off, detour's order before it
-LABELS = {"detour": "detour eval", "trainer": "HF Trainer", UNGROUPED: "detour, ungrouped"}
+STOCK = "trainer-stock"  # --stock: the Trainer with its default (random) sampling
+EXTRA = (UNGROUPED, STOCK)
+LABELS = {"detour": "detour eval", "trainer": "HF Trainer", UNGROUPED: "detour, ungrouped",
+          STOCK: "HF Trainer, stock sampling"}
 TASKS = ("ncbi-disease", "gad")
 BATCH_SIZE = 16
 SCORE_BATCH_SIZE = 32  # detour scores in batches of 2x the training batch on CPU
@@ -121,7 +127,7 @@ def run_detour(args, grouped: bool = True) -> dict:
             "train_examples": run["budget"]["train_examples"], "selected_epoch": run["selected_epoch"]}
 
 
-def run_trainer(args) -> dict:
+def run_trainer(args, grouped: bool = True) -> dict:
     # Imported before the clock, as the detour arm's are.
     import numpy as np
     import transformers
@@ -202,7 +208,7 @@ def run_trainer(args) -> dict:
         targs = TrainingArguments(
             output_dir=tmp, learning_rate=args.lr, per_device_train_batch_size=BATCH_SIZE,
             per_device_eval_batch_size=SCORE_BATCH_SIZE, num_train_epochs=args.epochs, weight_decay=0.01, seed=SEED,
-            train_sampling_strategy="group_by_length", eval_strategy="epoch", save_strategy="epoch",
+            train_sampling_strategy="group_by_length" if grouped else "random", eval_strategy="epoch", save_strategy="epoch",
             load_best_model_at_end=True, metric_for_best_model="macro_f1", greater_is_better=True,
             save_total_limit=1, report_to=[], logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
             use_cpu=True,
@@ -233,8 +239,8 @@ def run_arm(arm: str, args) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    if arm == "trainer":
-        result = run_trainer(args)
+    if arm in ("trainer", STOCK):
+        result = run_trainer(args, grouped=arm == "trainer")
     else:
         import detour.cli  # noqa: F401  (imports before the clock, as the Trainer arm's)
         import detour.eval.run  # noqa: F401
@@ -302,7 +308,7 @@ def detour_source() -> dict:
 
 def summarise_task(measured: list[dict]) -> dict:
     """One task: per arm medians with min-max; detour / Trainer ratios per round and their median; the checks."""
-    by_arm = {arm: [r for r in measured if r["arm"] == arm] for arm in (*ARMS, UNGROUPED)}
+    by_arm = {arm: [r for r in measured if r["arm"] == arm] for arm in (*ARMS, *EXTRA)}
     by_arm = {arm: rows for arm, rows in by_arm.items() if rows}
     arms = {}
     for arm, rows in by_arm.items():
@@ -333,6 +339,11 @@ def summarise_task(measured: list[dict]) -> dict:
         grouping = {k: [pair[rnd]["detour"][k] / pair[rnd][UNGROUPED][k] for rnd in rounds] for k in keys}
         summary["ratio_grouped_to_ungrouped"] = {k: statistics.median(v) for k, v in grouping.items()}
         summary["ratio_grouped_to_ungrouped_per_round"] = grouping
+    if STOCK in arms:  # detour against the Trainer a user gets without asking for length grouping
+        stock = {k: [pair[rnd]["detour"][k] / pair[rnd][STOCK][k] for rnd in rounds] for k in keys}
+        summary["ratio_detour_to_stock_trainer"] = {k: statistics.median(v) for k, v in stock.items()}
+        summary["ratio_detour_to_stock_trainer_per_round"] = stock
+        summary["f1_gap_to_stock_trainer_points"] = 100 * (arms["detour"]["test_macro_f1"] - arms[STOCK]["test_macro_f1"])
     return summary
 
 
@@ -354,6 +365,10 @@ def table(task: str, summary: dict) -> str:
     if "ratio_grouped_to_ungrouped" in summary:
         g, gr = summary["ratio_grouped_to_ungrouped"], summary["ratio_grouped_to_ungrouped_per_round"]
         rows.append(("grouped/ungrouped", *(cell(g[k], min(gr[k]), max(gr[k]), "x") for k in g), "", ""))
+    if "ratio_detour_to_stock_trainer" in summary:
+        g, gr = summary["ratio_detour_to_stock_trainer"], summary["ratio_detour_to_stock_trainer_per_round"]
+        rows.append(("detour/HF stock", *(cell(g[k], min(gr[k]), max(gr[k]), "x") for k in g),
+                     f"{summary['f1_gap_to_stock_trainer_points']:+.2f}", ""))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in [head, *rows]]
@@ -377,7 +392,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="64 examples per split, 1 epoch, one round, no JSON")
     parser.add_argument("--ungrouped", action="store_true",
                         help="a third arm: detour with the spec's group_by_length off (what the grouping buys)")
-    parser.add_argument("--arm", choices=(*ARMS, UNGROUPED), help=argparse.SUPPRESS)
+    parser.add_argument("--stock", action="store_true",
+                        help="a further arm: the Trainer with its default (random) sampling, no length grouping")
+    parser.add_argument("--arm", choices=(*ARMS, *EXTRA), help=argparse.SUPPRESS)
     parser.add_argument("--task", choices=TASKS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -408,7 +425,7 @@ def main() -> int:
     info = machine_info()
     source_state = detour_source()  # before the runs: the checkout may move on while they run
     runs = []
-    arms = (*ARMS, UNGROUPED) if args.ungrouped else ARMS
+    arms = (*ARMS, *([UNGROUPED] if args.ungrouped else []), *([STOCK] if args.stock else []))
     plan = [("warm-up", tasks[0], arm) for arm in arms]
     for rnd in range(1, rounds + 1):
         order = arms if rnd % 2 else arms[::-1]
@@ -445,6 +462,7 @@ def main() -> int:
             "warmup_runs_per_arm": 1, "warmup_examples_per_split": WARMUP, "rounds": rounds,
             "recipes": {"detour": "detour eval (task spec, group_by_length on), through the CLI",
                         UNGROUPED: "detour eval with the task spec's training.group_by_length set to false",
+                        STOCK: "the Trainer arm with its default train_sampling_strategy (random)",
                         "trainer": ("AutoModelForTokenClassification / AutoModelForSequenceClassification + Trainer: "
                                     "adamw_torch_fused, train_sampling_strategy=group_by_length, eval batch 32, "
                                     "checkpoint per epoch, load_best_model_at_end")},
@@ -458,7 +476,12 @@ def main() -> int:
             "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": info,
             "detour": source_state, "per_task": per_task, "target": target, "runs": runs,
         }
-        out = REPO / "bench" / "results" / f"eval-{datetime.now(timezone.utc):%Y%m%d}-{info['cpu_cores']}cpu.json"
+        stem = f"eval-{datetime.now(timezone.utc):%Y%m%d}-{info['cpu_cores']}cpu"
+        out = REPO / "bench" / "results" / f"{stem}.json"
+        for n in range(2, 100):  # a second run on the same day keeps the first's file
+            if not out.exists():
+                break
+            out = out.with_name(f"{stem}-{n}.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {out.relative_to(REPO)}")

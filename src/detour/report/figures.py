@@ -50,6 +50,23 @@ def _phase_spans(metrics: list[dict]) -> list[tuple[str, str, float, float]]:
     return spans
 
 
+def _arm_style(arm, colours: dict[str, str], **extra) -> dict:
+    # Extra arms dashed and beneath: an arm that tracks the detour must not hide it.
+    return {"color": colours[arm.name], "ls": "-" if arm.role in ROLE_COLOURS else "--",
+            "zorder": 3 if arm.role in ROLE_COLOURS else 2, **extra}
+
+
+def _shade_phases(reference, top, *below, boundaries: bool = False) -> None:
+    """The reference arm's phases shaded on every axis (alternating greys), named on the top one."""
+    for i, (name, objective, start, end) in enumerate(_phase_spans(reference.metrics)):
+        for ax in (top, *below):
+            ax.axvspan(start, end, color="grey", alpha=0.08 if i % 2 == 0 else 0.18, lw=0)
+            if boundaries:  # points at a phase end sit on this line
+                ax.axvline(end, color="grey", lw=0.6, ls=":")
+        top.annotate(f"{name} ({reference.name}: {objective})", (start, 1), xycoords=("data", "axes fraction"),
+                     xytext=(4, -12), textcoords="offset points", fontsize=8, color="dimgrey")
+
+
 def curves(s: Study) -> Figure | None:
     """Loss (top) and learning rate (bottom) per step against tokens, every arm, phases shaded."""
     arms = [a for a in s.arms.values() if a.metrics]
@@ -61,17 +78,10 @@ def curves(s: Study) -> Figure | None:
     for arm in arms:
         starts = {name: start for name, _, start, _ in _phase_spans(arm.metrics)}
         x = [starts[r["phase"]] + r["tokens"] for r in arm.metrics]
-        # Extra arms dashed and beneath: an arm that tracks the detour must not hide it.
-        style = {"color": colours[arm.name], "ls": "-" if arm.role in ROLE_COLOURS else "--",
-                 "zorder": 3 if arm.role in ROLE_COLOURS else 2}
+        style = _arm_style(arm, colours)
         loss_ax.plot(x, [r["loss"] for r in arm.metrics], lw=1.1, label=arm.name, **style)
         lr_ax.plot(x, [r.get("lr", math.nan) for r in arm.metrics], lw=1.0, **style)
-    reference = next((a for a in arms if a.role == "detour"), arms[0])
-    for i, (name, objective, start, end) in enumerate(_phase_spans(reference.metrics)):
-        for ax in (loss_ax, lr_ax):
-            ax.axvspan(start, end, color="grey", alpha=0.08 if i % 2 == 0 else 0.18, lw=0)
-        loss_ax.annotate(f"{name} ({reference.name}: {objective})", (start, 1), xycoords=("data", "axes fraction"),
-                         xytext=(4, -12), textcoords="offset points", fontsize=8, color="dimgrey")
+    _shade_phases(next((a for a in arms if a.role == "detour"), arms[0]), loss_ax, lr_ax)
     loss_ax.set_ylabel("training loss")
     loss_ax.legend(fontsize=8, loc="lower left")
     loss_ax.set_title("loss and learning rate per optimizer step (CLM and MLM losses are not on one scale)", fontsize=9)
@@ -93,17 +103,12 @@ def validation(s: Study) -> Figure | None:
     loss_ax, acc_ax = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
     for arm in arms:
         x = [r["run_tokens"] for r in arm.validation]
-        style = {"color": colours[arm.name], "ls": "-" if arm.role in ROLE_COLOURS else "--", "marker": "o",
-                 "ms": 3, "zorder": 3 if arm.role in ROLE_COLOURS else 2}
+        style = _arm_style(arm, colours, marker="o", ms=3)
         loss_ax.plot(x, [r["mlm_loss"] for r in arm.validation], lw=1.1, label=arm.name, **style)
         acc_ax.plot(x, [r["mlm_accuracy"] for r in arm.validation], lw=1.0, **style)
     reference = next((a for a in arms if a.role == "detour" and a.metrics), None) or next((a for a in arms if a.metrics), None)
-    for i, (name, objective, start, end) in enumerate(_phase_spans(reference.metrics) if reference else []):
-        for ax in (loss_ax, acc_ax):
-            ax.axvspan(start, end, color="grey", alpha=0.08 if i % 2 == 0 else 0.18, lw=0)
-            ax.axvline(end, color="grey", lw=0.6, ls=":")
-        loss_ax.annotate(f"{name} ({reference.name}: {objective})", (start, 1), xycoords=("data", "axes fraction"),
-                         xytext=(4, -12), textcoords="offset points", fontsize=8, color="dimgrey")
+    if reference is not None:
+        _shade_phases(reference, loss_ax, acc_ax, boundaries=True)
     loss_ax.set_ylabel("held-out MLM loss")
     loss_ax.legend(fontsize=8, loc="lower left")
     loss_ax.set_title("held-out MLM loss through the training (the same sequences and masks at every point)",
