@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import json
 import multiprocessing
 import os
@@ -66,6 +65,7 @@ import numpy as np
 
 from detour.data import encoder, tokenize
 from detour.data.encoder import CUT_CHARS, Encoder as _Encoder  # noqa: F401  (CUT_CHARS: tests read it here)
+from detour.data.holdout import VALIDATION_DIR, check_validation_amount, hold_out, split_hash, validation_amount
 from detour.data.shards import CORPUS_FORMAT, ShardWriter, token_dtype, write_json
 from detour.data.sources import Source, document_location, iter_documents, parse_source
 from detour.errors import DetourError, NoSpaceError
@@ -74,9 +74,6 @@ from detour.io import ensure_output_dir, is_disk_full, no_space, read_yaml_mappi
 from detour.stop import die_with_parent
 
 BATCH_DOCS = 256
-
-# The sub-folder holding the held-out documents (`--validation`): a prepared folder of its own.
-VALIDATION_DIR = "validation"
 
 # What a `detour prepare` run writes inside a source folder (ShardWriter and its manifest's temporary).
 _SOURCE_FILE = re.compile(r"manifest\.json(\.tmp)?|offsets\.bin|tokens-\d{5,}\.bin")
@@ -106,20 +103,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation-seed", type=int, default=0,
                         help="seed of the draw of the held-out documents (default: 0)")
     parser.add_argument("--batch-docs", type=positive_int, default=BATCH_DOCS, help=argparse.SUPPRESS)
-
-
-def validation_amount(text: str) -> float | int:
-    """`--validation`: a fraction of documents (0 < x < 1) or a whole count of documents (1 or more)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.02 or a count such as 200, got {text!r}") from None
-    if 0 < value < 1:
-        return value
-    if value >= 1 and value.is_integer() and "." not in text and "e" not in text.lower():
-        return int(value)
-    raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1 (e.g. 0.02) or a whole count of "
-                                     f"documents (e.g. 200), got {text!r}")
 
 
 def _sources_from_args(args) -> tuple[list[tuple[Source, str | None]], str | None]:
@@ -337,7 +320,7 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
     if workers < 1:
         raise DetourError(f"--workers must be >= 1, got {workers}")
     if validation is not None:
-        _check_validation_amount(validation, sources)
+        check_validation_amount(validation, sources)
     out = Path(out)
     protected = _input_paths(sources, tokenizer_name, inputs)
     _check_out(out, overwrite, protected)
@@ -376,7 +359,7 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
                 meta = {**info, "tokenizer": str(tokenizer_name), "tokenizer_fingerprint": fingerprint}
                 manifest = writer.close(meta)
                 if validation is not None:
-                    manifest, kept = _hold_out(tmp, name, src.spec, meta, validation, validation_seed, position, dtype)
+                    manifest, kept = hold_out(tmp, name, src.spec, meta, validation, validation_seed, position, dtype)
                     held_out.append({**info, "path": name, "documents": kept["documents"], "tokens": kept["tokens"],
                                      "hash": kept["hash"]})
                 entries.append({**info, "path": name, "documents": manifest["documents"], "tokens": manifest["tokens"]})
@@ -397,7 +380,7 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
         if validation is not None:
             split = {**top, "split": VALIDATION_DIR, "documents": sum(e["documents"] for e in held_out),
                      "tokens": sum(e["tokens"] for e in held_out), "skipped_documents": 0, "sources": held_out,
-                     "hash": _split_hash(held_out), "requested": validation, "seed": validation_seed}
+                     "hash": split_hash(held_out), "requested": validation, "seed": validation_seed}
             write_json(tmp / VALIDATION_DIR / "manifest.json", split)
             top["validation"] = {"path": VALIDATION_DIR, "documents": split["documents"], "tokens": split["tokens"],
                                  "hash": split["hash"], "requested": validation, "seed": validation_seed}
@@ -419,73 +402,6 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
             pool.terminate()
             pool.join()
         _ENCODER = None
-
-
-# ---- the held-out split ----
-
-def _check_validation_amount(validation: float | int, sources: list[tuple[Source, str | None]]) -> None:
-    """Refuse, before anything is tokenized, an amount that is no fraction or count, or a count that
-    would leave a synthetic source (whose size is known now) without a training document."""
-    if isinstance(validation, bool) or not (isinstance(validation, int) and validation >= 1 or
-                                            isinstance(validation, float) and 0 < validation < 1):
-        raise DetourError(f"--validation: expected a fraction between 0 and 1 or a whole count of documents, "
-                          f"got {validation!r}")
-    for src, _ in sources:
-        if src.synthetic and isinstance(validation, int) and validation >= src.options["docs"]:
-            raise DetourError(f"--validation {validation}: {src.spec} has {src.options['docs']} documents; at least "
-                              "one must stay for training (hold out fewer)")
-
-
-def held_out_documents(n_documents: int, validation: float | int, seed: int, position: int) -> np.ndarray:
-    """The sorted indices of a source's held-out documents: a seeded draw without replacement.
-
-    A fraction holds out round(fraction x documents) of them, at least one.
-    """
-    k = validation if isinstance(validation, int) else max(1, round(validation * n_documents))
-    if k >= n_documents:
-        raise DetourError(f"--validation {validation}: would hold out {k} of {n_documents} documents; at least one "
-                          "must stay for training")
-    rng = np.random.default_rng([seed, position])
-    return np.sort(rng.choice(n_documents, size=k, replace=False))
-
-
-def _hold_out(tmp: Path, name: str, spec: str, meta: dict, validation, seed: int, position: int,
-              dtype) -> tuple[dict, dict]:
-    """Split the source tokenized into tmp/NAME: held-out documents into tmp/validation/NAME, the rest
-    back into tmp/NAME. Returns both manifests; the held-out one carries the hash of its tokens."""
-    from detour.data.shards import PreparedCorpus
-
-    whole = PreparedCorpus(tmp / name)
-    held = held_out_documents(whole.num_documents, validation, seed, position)
-    is_held = np.zeros(whole.num_documents, dtype=bool)
-    is_held[held] = True
-    train = ShardWriter(tmp / f"{name}.train", dtype)
-    kept = ShardWriter(tmp / VALIDATION_DIR / name, dtype)
-    digest = hashlib.sha256()
-    for start in range(0, whole.num_documents, BATCH_DOCS * 16):
-        block = range(start, min(start + BATCH_DOCS * 16, whole.num_documents))
-        for writer, wanted in ((train, False), (kept, True)):
-            docs = [whole.document(i) for i in block if is_held[i] == wanted]
-            if docs:
-                lengths = np.asarray([len(d) for d in docs], dtype=np.int64)
-                ids = np.concatenate(docs)
-                writer.add(ids, lengths)
-                if wanted:
-                    digest.update(lengths.astype("<i8").tobytes())
-                    digest.update(ids.astype("<i8").tobytes())
-    del whole  # its memory maps, before its files go
-    train_manifest = train.close({**meta, "validation_documents": len(held)})
-    kept_manifest = kept.close({**meta, "split": VALIDATION_DIR, "hash": digest.hexdigest(), "seed": seed})
-    shutil.rmtree(tmp / name)
-    (tmp / f"{name}.train").rename(tmp / name)
-    print(f"  {name}: held out {len(held):,} of {len(held) + train_manifest['documents']:,} documents "
-          f"({kept_manifest['tokens']:,} tokens) from {spec}", file=sys.stderr)
-    return train_manifest, kept_manifest
-
-
-def _split_hash(held_out: list[dict]) -> str:
-    """One hash of the held-out split: its sources' names and token hashes, in order."""
-    return hashlib.sha256("".join(f"{e['name']}:{e['hash']};" for e in held_out).encode()).hexdigest()
 
 
 def _owner_running(pid: int, folder: Path) -> bool:

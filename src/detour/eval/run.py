@@ -40,7 +40,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -50,17 +49,16 @@ from pathlib import Path
 
 from detour.errors import DetourError, NoSpaceError
 from detour.flags import positive_int, spec_field
-from detour.io import ensure_output_dir, is_disk_full, no_space, write_text
+from detour.io import ensure_output_dir, is_disk_full, no_space
 from detour.lock import folder_lock
 from detour.stop import stop_signals_to
+from detour.eval.epochs import CHECKPOINT_DIR, CHECKPOINT_MARKER, EpochCheckpoints  # noqa: F401  (the names of its folder, read here by callers)
 from detour.eval.finetune import Budget, finetune, prepare_task, read_checkpoint
 from detour.eval.results import Results, display_name, run_key, seed_list, setting_of
 from detour.eval.splits import subsample
 from detour.eval.tasks import load_spec, load_specs, shipped_tasks
 from detour.eval.validate import validate_tasks
 
-CHECKPOINT_DIR = "epoch-checkpoints"
-CHECKPOINT_MARKER = ".detour-eval"  # says the folder is detour's, so detour may remove what it wrote there
 
 # The options that change a run's result, with the flag that sets each (None: the spec's value).
 OPTIONS = {"epochs": "--epochs", "max_train": "--max-train", "max_eval": "--max-eval",
@@ -215,58 +213,6 @@ class TaskPlan:
     spec: object
     splits: dict | None
     setting: dict
-
-
-class EpochCheckpoints:
-    """OUT/epoch-checkpoints: one file per (model, task, seed) whose training has not finished.
-
-    The folder appears with its marker already in it and disappears whole (each a rename of a
-    folder under a name of detour's own), so a kill -9 at any moment never leaves it without the
-    marker, which a rerun would take for a folder of the user's.
-    """
-
-    def __init__(self, out: Path):
-        self.dir = out / CHECKPOINT_DIR
-        self._clear_leftovers()
-        if self.dir.exists() and not (self.dir / CHECKPOINT_MARKER).is_file():
-            raise DetourError(f"{self.dir} exists and was not made by detour eval (no {CHECKPOINT_MARKER} in it); "
-                              "move it away or use another --out")
-
-    def _staging(self, what: str) -> Path:
-        return self.dir.with_name(f".{CHECKPOINT_DIR}.{what}-{os.getpid()}")
-
-    def _clear_leftovers(self) -> None:
-        """Staging folders a killed run left behind: removed when they hold nothing but the marker."""
-        for folder in self.dir.parent.glob(f".{CHECKPOINT_DIR}.*-*") if self.dir.parent.is_dir() else ():
-            if folder.is_dir() and {p.name for p in folder.iterdir()} <= {CHECKPOINT_MARKER}:
-                (folder / CHECKPOINT_MARKER).unlink(missing_ok=True)
-                folder.rmdir()
-
-    def path(self, model: str, task: str, seed: int) -> Path:
-        def slug(text):
-            return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "x"
-
-        # the display name for people, a hash of the full reference for uniqueness
-        digest = hashlib.sha256(model.encode("utf-8")).hexdigest()[:8]
-        return self.dir / f"{slug(display_name(model))}-{digest}.{slug(task)}.seed{seed}.pt"
-
-    def ready(self) -> None:
-        if (self.dir / CHECKPOINT_MARKER).is_file():
-            return
-        staging = self._staging("new")
-        staging.mkdir(parents=True, exist_ok=True)
-        write_text(staging / CHECKPOINT_MARKER, "Epoch checkpoints of unfinished detour eval runs: a rerun resumes "
-                                                "from them.\ndetour eval removes each once its run is finished.\n")
-        os.replace(staging, self.dir)
-
-    def remove(self, path: Path) -> None:
-        path.unlink(missing_ok=True)
-        # the folder goes with its last checkpoint; anything else in it keeps it
-        if self.dir.is_dir() and [p.name for p in self.dir.iterdir()] == [CHECKPOINT_MARKER]:
-            gone = self._staging("old")
-            os.replace(self.dir, gone)
-            (gone / CHECKPOINT_MARKER).unlink()
-            gone.rmdir()
 
 
 def run(args) -> int:
