@@ -157,9 +157,30 @@ def test_dry_run_prints_the_graph_with_states_and_estimates(tmp_path, capsys):
     for step in ("prepare:corpus", "train:detour", "train:baseline", "train:baseline-seed2", "streams",
                  "task:synthetic-ner", "eval:synthetic-ner", "cka", "report"):
         assert f"to run   {step}" in printed
-    assert "6,000 tokens, ~" in printed  # 4k + 2k per arm, and a time
+    assert "6,000 tokens + 4 held-out points, ~" in printed  # 4k + 2k per arm, held out at 0, 2k, 4k, 6k
     assert "4 fine-tunes x 1 epoch (eval.epochs), ~" in printed  # 2 arms x 2 seeds, the study's epochs
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_the_estimate_counts_the_held_out_points_where_the_loop_scores_them(tmp_path):
+    from detour.config import load_recipe, recipe_from_dict, recipe_to_dict
+    from detour.study.estimate import validation_cost
+
+    tree = recipe_to_dict(load_recipe(REPO / "recipes" / "tiny-modernbert.yaml"))
+    tree["phases"][0]["tokens"], tree["phases"][1]["tokens"] = 8000, 3000  # clm, then the decay
+    tree["data"]["seq_len"] = 128
+    tree["validation"] = {"every_tokens": 3000, "sequences": 4}
+    seq = 4 * 128
+    # the start, 3k, 6k, the CLM end at 8k (two forwards each), 9k, the decay's end at 11k
+    assert validation_cost(recipe_from_dict(tree, "tiny")) == (6, (4 * 2 + 2) * seq)
+    del tree["validation"]["every_tokens"]  # the start and the phase ends
+    assert validation_cost(recipe_from_dict(tree, "tiny")) == (3, (2 + 2 + 1) * seq)
+    tree["validation"]["every_tokens"] = 3000
+    tree["branch"] = {"run": str(tmp_path / "parent"), "after_phase": tree["phases"][0]["name"]}
+    # a branch starts at its parent's scored phase end: 9k and 11k
+    assert validation_cost(recipe_from_dict(tree, "branch")) == (2, 2 * seq)
+    del tree["validation"]
+    assert validation_cost(recipe_from_dict(tree, "none")) == (0, 0)
 
 
 def test_a_stale_step_and_its_downstream_are_shown_stale(tmp_path):

@@ -5,7 +5,9 @@
 Training costs about 6 x parameters FLOPs per token (forward and backward, the standard dense
 estimate; attention's extra term is left out, so long sequences cost more than this says); a
 fine-tune the same per example token, for the epochs it runs (the study's `eval.epochs`, else the
-task spec's, else the task default; the dry run says which). The rate is a half-second fp32 matmul
+task spec's, else the task default; the dry run says which). A run with `validation:` adds its held-out
+points: one forward (2 x parameters FLOPs a token) over the held-out sequences at each point, two
+in a CLM phase (the MLM loss and the CLM loss). The rate is a half-second fp32 matmul
 on the study's device times the efficiency a real step reaches (about 0.6 of it for MiniLM on CPU).
 It is an order of magnitude for planning, printed as such; measured times of finished steps are in
 OUT/.study/state.json.
@@ -75,7 +77,10 @@ def estimates(spec, steps) -> dict[str, str]:
                 params, embeddings = parameter_count(json.dumps(step.recipe.model.model_dump()))
             except Exception:  # e.g. a hub model not on this machine: no estimate rather than no dry run
                 continue
-            out[step.name] = f"{step.tokens:,} tokens, {_duration(6 * params * step.tokens / rate)}"
+            points, forward_tokens = validation_cost(step.recipe)
+            held_out = f" + {points} held-out point{'s' if points != 1 else ''}" if points else ""
+            flops = 6 * params * step.tokens + 2 * params * forward_tokens
+            out[step.name] = f"{step.tokens:,} tokens{held_out}, {_duration(flops / rate)}"
     if spec.eval is not None and params:
         ev = spec.eval
         per_task = ev.seeds * len(ev.arms or [s for s in steps if s.kind == "train"])
@@ -99,6 +104,34 @@ def estimates(spec, steps) -> dict[str, str]:
             tokens = examples * epochs * (ev.max_length or 128) / 2 * per_task
             out[step.name] = f"{runs}, {_duration(6 * (params - embeddings) * tokens / rate)}"
     return out
+
+
+def validation_cost(recipe) -> tuple[int, int]:
+    """(held-out points, tokens through a forward) of a run's `validation:`, as the loop schedules them
+    (detour.train.validation): at the run's start (not a branch's: it starts at its parent's phase
+    end, already scored there), at each phase end, and where the run's tokens cross a multiple of
+    `every_tokens`; a step in between is ignored (its batch sizes are not known here)."""
+    spec = recipe.validation if recipe is not None else None
+    if spec is None:
+        return 0, 0
+    phases = recipe.phases
+    first = [p.name for p in phases].index(recipe.branch.after_phase) + 1 if recipe.branch else 0
+    start = sum(p.tokens for p in phases[:first])
+    ends, position = [], start
+    for phase in phases[first:]:
+        position += phase.tokens
+        ends.append((position, phase.objective))
+    points = {} if recipe.branch else {start: phases[0].objective}
+    begin = start
+    for end, objective in ends:
+        if spec.every_tokens:
+            for multiple in range(begin // spec.every_tokens + 1, end // spec.every_tokens + 1):
+                points[multiple * spec.every_tokens] = objective
+        points[end] = objective
+        begin = end
+    per_point = spec.sequences * recipe.data.seq_len
+    forwards = sum(2 if objective == "clm" else 1 for objective in points.values())
+    return len(points), forwards * per_point
 
 
 def task_epochs(ev, step, synthetic: bool) -> tuple[int | None, str]:
