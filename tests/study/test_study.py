@@ -227,6 +227,10 @@ def test_a_stale_step_and_its_downstream_are_shown_stale(tmp_path):
     ({"arms": {"x": {"base": "baseline"}}}, "arms.x: give `set` overrides or `freeze`"),
     ({"arms": {"x": {"set": ["seed=3"], "against": "y"}}}, "arms.x.against: no arm 'y'"),
     ({"arms": {"x": {"set": ["seed=3"], "against": "x"}}}, "arms.x.against: an arm is not compared with itself"),
+    ({"arms": {"x": {"set": ["seed=3"], "noise_floor": "y"}}}, "arms.x.noise_floor: no arm 'y'"),
+    ({"arms": {"x": {"set": ["seed=3"], "noise_floor": "baseline"}}},
+     "arms.x.noise_floor: the noise floor is a third arm, not 'baseline'"),
+    ({"arms": {"x": {"set": ["seed=3"], "noise_floor": "x"}}}, "arms.x.noise_floor: the noise floor is a third arm, not 'x'"),
     ({"prepare": {"corpus": {"sources": ["synthetic:clinical?docs=300"], "tokenizer": "minilm-l6", "validation": 1.0}}},
      "prepare.corpus.validation: Value error, expected a fraction between 0 and 1 (0.02) or a whole count"),
     ({"prepare": {"corpus": {"sources": ["synthetic:clinical?docs=300"], "tokenizer": "minilm-l6", "validation": "2%"}}},
@@ -483,3 +487,27 @@ def test_an_arm_against_its_twin_is_compared_with_it_in_cka_and_the_design_says_
     write_design(load_study(study), out, list(steps.values()))
     arms = json.loads((out / "study.json").read_text())["arms"]
     assert arms["decay-long"]["against"] == "baseline-decay-long" and "against" not in arms["baseline-decay-long"]
+
+
+def test_an_arm_with_its_own_noise_floor_is_measured_against_it_in_cka(tmp_path):
+    """A longer decay's CKA against the seed noise of twins with that same decay, not the study's floor."""
+    study = _study(tmp_path, arms={
+        "decay-long": {"set": ["phases.1.tokens=4k"], "against": "baseline-decay-long",
+                       "noise_floor": "baseline-seed2-decay-long"},
+        "baseline-decay-long": {"base": "baseline", "set": ["phases.1.tokens=4k"]},
+        "baseline-seed2": {"base": "baseline", "set": ["seed=18"]},
+        "baseline-seed2-decay-long": {"base": "baseline", "set": ["seed=18", "phases.1.tokens=4k"]}})
+    spec = yaml.safe_load(study.read_text())
+    spec["analyses"]["cka"]["arms"] = ["decay-long"]
+    study.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    steps = {s.name: s for s in build_steps(load_study(study), out)}
+    cka = steps["cka:decay-long"]
+    floor = cka.argv[cka.argv.index("--noise-floor") + 1]
+    assert floor == str(out / "arms" / "baseline-seed2-decay-long" / "model")
+    assert "train:baseline-seed2-decay-long" in cka.deps and "train:baseline-seed2" not in cka.deps
+    main_cka = steps["cka"]  # the detour keeps the study's floor
+    assert main_cka.argv[main_cka.argv.index("--noise-floor") + 1] == str(out / "arms" / "baseline-seed2" / "model")
+    # the floor's twin branches from the seed-2 twin's Phase-1 checkpoint, as the decay arms do from theirs
+    branch = steps["train:baseline-seed2-decay-long"].recipe.branch
+    assert branch is not None and Path(branch.run).name == "baseline-seed2"

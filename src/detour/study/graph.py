@@ -258,12 +258,14 @@ def _analysis_steps(spec: StudySpec, out: Path, arms: dict) -> list[Step]:
         flags = _flags(spec, a.cka.options)
         for arm in ["detour", *a.cka.arms]:
             folder = out / "analysis" / ("cka" if arm == "detour" else f"cka-{arm}")
-            against = (spec.arms[arm].against if arm in spec.arms else None) or "baseline"
+            extra = spec.arms.get(arm)
+            against = (extra.against if extra else None) or "baseline"
+            floor = (extra.noise_floor if extra else None) or a.cka.noise_floor
             argv = ["analyze", "cka", model(arm), model(against)]
             deps = [f"train:{arm}", f"train:{against}"]
-            if a.cka.noise_floor:
-                argv += ["--noise-floor", model(a.cka.noise_floor)]
-                deps.append(f"train:{a.cka.noise_floor}")
+            if floor:
+                argv += ["--noise-floor", model(floor)]
+                deps.append(f"train:{floor}")
             steps.append(_analysis(f"cka:{arm}" if arm != "detour" else "cka", argv + flags, folder, "cka.json", deps))
     if a.trajectory is not None:
         t = a.trajectory

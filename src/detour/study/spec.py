@@ -77,6 +77,9 @@ class ArmSpec(_Strict):
     against: str | None = Field(None, description="the arm this one is compared with in the report's significance "
                                                   "table, held-out losses and CKA (default: the baseline), e.g. a "
                                                   "detour decay against the twin's decay of the same length")
+    noise_floor: str | None = Field(None, description="the second-seed arm that is this arm's CKA noise floor "
+                                                      "(default: analyses.cka.noise_floor), e.g. a second-seed twin "
+                                                      "with the same decay as the arm it is compared with")
 
 
 class SyntheticTaskSpec(_Strict):
@@ -218,6 +221,10 @@ def check_references(spec: StudySpec, where: Path) -> None:
         need_arm(f"arms.{name}.against", arm.against)
         if arm.against == name:
             raise DetourError(f"study file {where}: arms.{name}.against: an arm is not compared with itself")
+        need_arm(f"arms.{name}.noise_floor", arm.noise_floor)
+        if arm.noise_floor is not None and arm.noise_floor in (name, arm.against or "baseline"):
+            raise DetourError(f"study file {where}: arms.{name}.noise_floor: the noise floor is a third arm, "
+                              f"not {arm.noise_floor!r} (the arm itself or the one it is compared with)")
     if spec.eval is not None:
         for i, name in enumerate(spec.eval.arms or []):
             need_arm(f"eval.arms.{i}", name)
