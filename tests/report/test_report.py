@@ -175,6 +175,16 @@ def test_an_arm_paired_with_its_own_twin_is_compared_with_it_and_the_twin_is_not
     assert rows(held_out, "detour − baseline")
 
 
+def test_the_intro_ends_a_description_with_one_full_stop(study, tmp_path):
+    copy = tmp_path / "study"
+    shutil.copytree(study, copy, symlinks=True, ignore=shutil.ignore_patterns("model", "export", "checkpoints"))
+    meta = load(copy / "study.json")
+    meta["description"] = "MiniLM on case reports, 3 seeds at each decay's end.\n"
+    (copy / "study.json").write_text(json.dumps(meta), encoding="utf-8")
+    md = write_report(copy, tmp_path / "out")["markdown"].read_text(encoding="utf-8")
+    assert "MiniLM on case reports, 3 seeds at each decay's end." in md and "decay's end.." not in md
+
+
 def test_freeze_table_shows_results_and_low_layer_divergence(study, report):
     md = section(report["md"], "4. Freeze interventions")
     freeze = load(study / "analysis" / "cka-freeze-low-clm" / "cka.json")
@@ -185,6 +195,26 @@ def test_freeze_table_shows_results_and_low_layer_divergence(study, report):
     assert row[5] == f"{low[0]['divergence']:.4f}" and row[6] == f"{low[0]['noise_divergence']:.4f}"
     (drow,) = rows(md, "detour")
     assert drow[5] == f"{detour_cka['layers'][1]['divergence']:.4f}"
+
+
+def test_a_freeze_every_arm_shares_is_no_freeze_arm(study, tmp_path):
+    """A head warm-up with the body frozen, in every arm's recipe, leaves the freeze table to the real interventions."""
+    copy = tmp_path / "study"
+    shutil.copytree(study, copy, symlinks=True, ignore=shutil.ignore_patterns("model", "export", "checkpoints"))
+    for arm in ("detour", "baseline", "baseline-seed2", "freeze-low-clm"):
+        recipe = load(copy / "arms" / arm / "recipe.json")
+        recipe["phases"][-1]["freeze"] = {"layers": "0"}
+        (copy / "arms" / arm / "recipe.json").write_text(json.dumps(recipe), encoding="utf-8")
+    md = section(write_report(copy, tmp_path / "out")["markdown"].read_text(encoding="utf-8"), "4. Freeze interventions")
+    table = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ")][1:]
+    assert table == ["baseline", "detour", "freeze-low-clm"]  # each once; the seed-2 twin is no intervention
+    for arm in ("baseline", "detour", "baseline-seed2"):
+        recipe = load(copy / "arms" / arm / "recipe.json")
+        del recipe["phases"][-1]["freeze"]
+        (copy / "arms" / arm / "recipe.json").write_text(json.dumps(recipe), encoding="utf-8")
+    md = write_report(copy, tmp_path / "out2")["markdown"].read_text(encoding="utf-8")
+    assert "## 4. Freeze interventions" in md  # without the shared freeze, the arm that freezes is still one
+    assert not any(line.startswith("| baseline-seed2 |") for line in section(md, "4. Freeze interventions").splitlines())
 
 
 def test_cka_rows_match_cka_json_with_noise_floor_and_r(study, report):

@@ -60,7 +60,7 @@ def build(s: Study) -> tuple[str, Page]:
     what = "study" if s.layout == "study" else "twins run"
     intro = f"Report of the {what} in `{s.root}`"
     if s.description:
-        intro += f": {s.description}"
+        intro += f": {s.description.strip().rstrip('.')}"
     page.para(intro + ".")
     page.para(f"Arms: {', '.join(f'{a.name} ({a.role})' for a in s.arms.values())}. Scale: {sections.scale_line(s)}.")
     page.lines.append(f"**{not_run_line(s)}**")

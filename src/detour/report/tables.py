@@ -159,14 +159,17 @@ def significance_rows(s: Study, table: ResultsTable | None) -> list[Significance
     return [compare_arms(s, table, arm, against) for arm, against in comparison_pairs(s, table.arms)]
 
 
+def _freezes(arm) -> list[tuple[str, dict]]:
+    return [(p.get("name"), p["freeze"]) for p in (arm.recipe or {}).get("phases") or [] if p.get("freeze")]
+
+
 def freeze_arms(s: Study) -> list[str]:
-    """Arms named freeze-* or whose recipe freezes something in a phase."""
-    out = []
-    for arm in s.arms.values():
-        phases = (arm.recipe or {}).get("phases") or []
-        if arm.name.startswith("freeze-") or any(p.get("freeze") for p in phases):
-            out.append(arm.name)
-    return out
+    """Arms named freeze-* or whose recipe freezes other than the detour's does: a freeze every arm
+    shares (a head warm-up with the body frozen) is part of the design, not an intervention."""
+    detour, baseline = s.role("detour"), s.role("baseline")
+    shared = _freezes(s.arms[detour]) if detour in s.arms else []
+    return [arm.name for arm in s.arms.values() if arm.name not in (detour, baseline)
+            and (arm.name.startswith("freeze-") or _freezes(arm) != shared)]
 
 
 def layer_groups(s: Study) -> dict[str, list[int]] | None:
