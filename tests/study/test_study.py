@@ -183,6 +183,16 @@ def test_the_estimate_counts_the_held_out_points_where_the_loop_scores_them(tmp_
     assert validation_cost(recipe_from_dict(tree, "none")) == (0, 0)
 
 
+def test_a_training_step_is_estimated_with_its_start_up(tmp_path, monkeypatch):
+    """Even a step of no FLOPs at all pays the process start, imports and model load."""
+    from detour.study import estimate
+
+    monkeypatch.setattr(estimate, "matmul_rate", lambda: 1e30)
+    spec = load_study(_study(tmp_path))
+    rough = estimate.estimates(spec, build_steps(spec, tmp_path / "out"))
+    assert rough["train:detour"] == f"6,000 tokens + 4 held-out points, ~{estimate.STARTUP_S:.0f} s"
+
+
 def test_a_stale_step_and_its_downstream_are_shown_stale(tmp_path):
     from detour.study.run import State, plan
 

@@ -9,8 +9,11 @@ task spec's, else the task default; the dry run says which). A run with `validat
 points: one forward (2 x parameters FLOPs a token) over the held-out sequences at each point, two
 in a CLM phase (the MLM loss and the CLM loss). The rate is a half-second fp32 matmul
 on the study's device times the efficiency a real step reaches (about 0.6 of it for MiniLM on CPU).
-It is an order of magnitude for planning, printed as such; measured times of finished steps are in
-OUT/.study/state.json.
+A training step also pays a few seconds to start (STARTUP_S). Checked against the steps of the demo,
+studies/minilm-biomed-en.yaml and studies/minilm-decay-length.yaml run on 2 idle CPU cores, the
+measured times were 0.8-1.4x these estimates; ChemProt's fine-tunes 1.65-1.8x (its sentences are
+longer than half the max length). It is an order of magnitude for planning, printed as such;
+measured times of finished steps are in OUT/.study/state.json.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from functools import lru_cache
 
 EFFICIENCY = 0.6  # fraction of the matmul rate a training step reaches (measured on CPU, fp32; GPUs differ)
+STARTUP_S = 7.0  # a training step's process start, imports, model and data load (MiniLM on CPU)
 
 
 @lru_cache(maxsize=1)
@@ -80,7 +84,7 @@ def estimates(spec, steps) -> dict[str, str]:
             points, forward_tokens = validation_cost(step.recipe)
             held_out = f" + {points} held-out point{'s' if points != 1 else ''}" if points else ""
             flops = 6 * params * step.tokens + 2 * params * forward_tokens
-            out[step.name] = f"{step.tokens:,} tokens{held_out}, {_duration(flops / rate)}"
+            out[step.name] = f"{step.tokens:,} tokens{held_out}, {_duration(STARTUP_S + flops / rate)}"
     if spec.eval is not None and params:
         ev = spec.eval
         per_task = ev.seeds * len(ev.arms or [s for s in steps if s.kind == "train"])
