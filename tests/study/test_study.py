@@ -476,19 +476,24 @@ def test_the_steps_of_a_study_killed_with_9_are_gone_a_second_later(tmp_path, mi
         proc.kill()
 
 
-def test_an_arm_against_its_twin_is_compared_with_it_in_cka_and_the_design_says_so(tmp_path):
-    """The decay-length design: each decay of the detour is compared with the twin's decay of the same length."""
-    from detour.study.run import write_design
-
-    study = _study(tmp_path, arms={
-        "decay-long": {"set": ["phases.1.tokens=4k"], "against": "baseline-decay-long"},
-        "baseline-decay-long": {"base": "baseline", "set": ["phases.1.tokens=4k"]},
-        "baseline-seed2": {"base": "baseline", "set": ["seed=18"]}})
+def _decay_study(tmp_path: Path, arms: dict) -> tuple[Path, Path, dict]:
+    """The suite's study with these extra arms and CKA for `decay-long`: (study file, out, steps by name)."""
+    study = _study(tmp_path, arms=arms)
     spec = yaml.safe_load(study.read_text())
     spec["analyses"]["cka"]["arms"] = ["decay-long"]
     study.write_text(yaml.safe_dump(spec))
     out = tmp_path / "out"
-    steps = {s.name: s for s in build_steps(load_study(study), out)}
+    return study, out, {s.name: s for s in build_steps(load_study(study), out)}
+
+
+def test_an_arm_against_its_twin_is_compared_with_it_in_cka_and_the_design_says_so(tmp_path):
+    """The decay-length design: each decay of the detour is compared with the twin's decay of the same length."""
+    from detour.study.run import write_design
+
+    study, out, steps = _decay_study(tmp_path, {
+        "decay-long": {"set": ["phases.1.tokens=4k"], "against": "baseline-decay-long"},
+        "baseline-decay-long": {"base": "baseline", "set": ["phases.1.tokens=4k"]},
+        "baseline-seed2": {"base": "baseline", "set": ["seed=18"]}})
     cka = steps["cka:decay-long"]
     assert cka.argv[2:4] == [str(out / "arms" / "decay-long" / "model"), str(out / "arms" / "baseline-decay-long" / "model")]
     assert "train:baseline-decay-long" in cka.deps and "train:baseline" not in cka.deps
@@ -501,17 +506,12 @@ def test_an_arm_against_its_twin_is_compared_with_it_in_cka_and_the_design_says_
 
 def test_an_arm_with_its_own_noise_floor_is_measured_against_it_in_cka(tmp_path):
     """A longer decay's CKA against the seed noise of twins with that same decay, not the study's floor."""
-    study = _study(tmp_path, arms={
+    _, out, steps = _decay_study(tmp_path, {
         "decay-long": {"set": ["phases.1.tokens=4k"], "against": "baseline-decay-long",
                        "noise_floor": "baseline-seed2-decay-long"},
         "baseline-decay-long": {"base": "baseline", "set": ["phases.1.tokens=4k"]},
         "baseline-seed2": {"base": "baseline", "set": ["seed=18"]},
         "baseline-seed2-decay-long": {"base": "baseline", "set": ["seed=18", "phases.1.tokens=4k"]}})
-    spec = yaml.safe_load(study.read_text())
-    spec["analyses"]["cka"]["arms"] = ["decay-long"]
-    study.write_text(yaml.safe_dump(spec))
-    out = tmp_path / "out"
-    steps = {s.name: s for s in build_steps(load_study(study), out)}
     cka = steps["cka:decay-long"]
     floor = cka.argv[cka.argv.index("--noise-floor") + 1]
     assert floor == str(out / "arms" / "baseline-seed2-decay-long" / "model")
