@@ -44,12 +44,21 @@ def spec_field(model: type, field: str, where: str) -> Callable[[str], Any]:
 
 def positive_int(text: str) -> int:
     """An argparse type for counts and sizes: 1 or more."""
+    return _whole_number(text, 1, "at least 1")
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type for indices such as a first seed: 0 or more."""
+    return _whole_number(text, 0, "0 or more")
+
+
+def _whole_number(text: str, low: int, rule: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {value}")
     return value
 
 

@@ -185,6 +185,13 @@ def test_seeds_3_then_5_runs_only_seeds_3_and_4(minilm, shared_data, tmp_path, m
     assert data["summary"][str(minilm)]["gad"]["macro_f1"]["n"] == 5 and data["config"]["seeds"] == [0, 1, 2, 3, 4]
     assert "- gad: 5 seeds done (0-4)" in (tmp_path / "results.md").read_text()
 
+    calls.clear()  # a job of its own for seeds 3-4 (--first-seed) runs just those and gives the same scores
+    assert evaluate(minilm, tmp_path / "shard", *args, "--first-seed", "3", "--seeds", "2", data_root=shared_data) == 0
+    assert calls == [("gad", 3), ("gad", 4)] and f"new: {NAME} gad seeds 3-4" in capsys.readouterr().out
+    shard = json.loads((tmp_path / "shard" / "results.json").read_text())
+    assert shard["config"]["seeds"] == [3, 4]
+    assert [r["metrics"] for r in shard["runs"]] == [r["metrics"] for r in data["runs"][3:]]
+
     calls.clear()  # fewer seeds: the others are kept, nothing runs
     assert evaluate(minilm, tmp_path, *args, "--seeds", "2", data_root=shared_data) == 0
     assert calls == [] and f"kept: {NAME} gad seeds 2-4 (not asked for this time)" in capsys.readouterr().out
@@ -574,7 +581,8 @@ def test_dry_run_reports_every_finding_at_once_before_any_model_loads(tmp_path, 
 @pytest.mark.parametrize("flag, value, rule", [
     ("--lr", "-1", "greater than 0"), ("--epochs", "0", "greater than or equal to 1"),
     ("--batch-size", "0", "greater than or equal to 1"), ("--max-length", "2", "greater than or equal to 8"),
-    ("--seeds", "0", "at least 1"), ("--max-train", "-3", "at least 1"), ("--lr", "nan", ""),
+    ("--seeds", "0", "at least 1"), ("--first-seed", "-1", "0 or more"), ("--max-train", "-3", "at least 1"),
+    ("--lr", "nan", ""),
 ])
 def test_overrides_are_held_to_the_spec_rules_before_any_model_loads(flag, value, rule, minilm, shared_data,
                                                                       tmp_path, monkeypatch, capsys):

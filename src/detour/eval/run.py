@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from detour.errors import DetourError, NoSpaceError
-from detour.flags import positive_int, spec_field
+from detour.flags import non_negative_int, positive_int, spec_field
 from detour.io import ensure_output_dir, is_disk_full, no_space
 from detour.lock import folder_lock
 from detour.stop import stop_signals_to
@@ -70,7 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("models", nargs="*", metavar="MODEL", help="encoder folders or hub names")
     parser.add_argument("--tasks", default="", help="comma-separated shipped task names or spec files")
     parser.add_argument("--task-spec", action="append", default=[], metavar="FILE", help="a task spec YAML (repeatable)")
-    parser.add_argument("--seeds", type=positive_int, default=5, help="number of seeds: runs seeds 0..N-1 (default 5)")
+    parser.add_argument("--seeds", type=positive_int, default=5,
+                        help="number of seeds: runs seeds FIRST..FIRST+N-1 (default 5)")
+    parser.add_argument("--first-seed", type=non_negative_int, default=0, metavar="FIRST",
+                        help="the first seed (default 0): jobs with their own --out can share out the seeds")
     parser.add_argument("--out", default="runs/eval", help="output folder for results.json / results.md")
     parser.add_argument("--data-root", default=None, help="where task paths resolve (default $DETOUR_DATA_ROOT or ../shared/data)")
     add_budget_arguments(parser)
@@ -279,6 +282,10 @@ def _run_locked(args, specs, budget: Budget, stop: "_Stop", state: dict, total: 
     return 0
 
 
+def _seeds(args) -> list[int]:
+    return list(range(args.first_seed, args.first_seed + args.seeds))
+
+
 def _options(args) -> dict:
     """The command-line options that are part of every run's key (None: the spec's value)."""
     return {"epochs": args.epochs, "max_train": args.max_train, "max_eval": args.max_eval,
@@ -305,7 +312,7 @@ def _dry_run(args, specs, budget: Budget) -> int:
         _say(f"task {spec.name}: " + ", ".join(f"{len(splits[k])} {k}" for k in ("train", "validation", "test"))
              + f" examples ({spec.type}, {spec.format})")
         tasks.append(TaskPlan(spec, None, _task_setting(spec, splits, budget, args)))
-    _, todo, report = _reuse_or_run(tasks, args.models, list(range(args.seeds)), weights, results)
+    _, todo, report = _reuse_or_run(tasks, args.models, _seeds(args), weights, results)
     for label in ("reused", "rerun", "new"):
         for line in _groups(report[label]):
             _say(f"{label}: {line}")
@@ -341,7 +348,7 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
     for spec in specs:
         splits = every_split.pop(spec.name)
         tasks.append(TaskPlan(spec, splits, _task_setting(spec, splits, budget, args)))
-    seeds = list(range(args.seeds))
+    seeds = _seeds(args)
     reused, todo, report = _reuse_or_run(tasks, args.models, seeds, weights, results)
     planned = {(m, tp.spec.name, s) for tp in tasks for m in args.models for s in seeds}
     report["kept"] = _check_runs_not_redone(results, planned, {tp.spec.name: tp.setting for tp in tasks}, weights)
