@@ -37,14 +37,12 @@ epoch, no temporary file is left, and rerunning the same command resumes.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import signal
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from detour.errors import DetourError, NoSpaceError
@@ -54,16 +52,11 @@ from detour.lock import folder_lock
 from detour.stop import stop_signals_to
 from detour.eval.epochs import CHECKPOINT_DIR, CHECKPOINT_MARKER, EpochCheckpoints  # noqa: F401  (the names of its folder, read here by callers)
 from detour.eval.finetune import Budget, finetune, prepare_task, read_checkpoint
-from detour.eval.results import Results, display_name, run_key, seed_list, setting_of
-from detour.eval.splits import subsample
+from detour.eval.results import Results, display_name, setting_of
+from detour.eval.runkeys import (TaskPlan, capped_examples, check_runs_not_redone, examples_sha256, groups,
+                                 reuse_or_run, spec_record)
 from detour.eval.tasks import load_spec, load_specs, shipped_tasks
 from detour.eval.validate import validate_tasks
-
-
-# The options that change a run's result, with the flag that sets each (None: the spec's value).
-OPTIONS = {"epochs": "--epochs", "max_train": "--max-train", "max_eval": "--max-eval",
-           "max_length": "--max-length", "lr": "--lr", "batch_size": "--batch-size",
-           "linear_probe": "--linear-probe"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,77 +138,6 @@ class _Stop:
             self.writing = False
         if self.signum:
             raise EvalStopped(self.signum)
-
-
-def spec_record(spec) -> dict:
-    """The task spec as run, without where it was read from (paths differ between machines)."""
-    return spec.model_dump(mode="json", exclude={"source", "root"})
-
-
-def examples_sha256(examples: dict[str, list[dict]]) -> str:
-    """A fingerprint of the train/validation/test examples actually used (after the caps)."""
-    text = json.dumps({k: examples[k] for k in sorted(examples)}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def capped_examples(splits: dict, budget: Budget) -> dict[str, list[dict]]:
-    """The examples a run trains and scores on: the same seeded caps as prepare_task takes (a run
-    checks that both agree before it trains)."""
-    return {"train": subsample(splits["train"], budget.max_train),
-            "validation": subsample(splits["validation"], budget.max_eval),
-            "test": subsample(splits["test"], budget.max_eval)}
-
-
-def _flat(prefix: str, value, out: dict) -> dict:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
-    else:
-        out[prefix] = value
-    return out
-
-
-def _show(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def key_changes(old: dict | None, new: dict) -> str:
-    """Why a recorded run does not count for `new`: every part of the key that differs, with both values."""
-    if old is None:
-        return "no cache key recorded: written by an older detour eval"
-    parts = []
-    if old["weights"] != new["weights"]:
-        parts.append(f"model weights changed: {old['weights'][:19]} -> {new['weights'][:19]}")
-    a, b = _flat("", old["spec"], {}), _flat("", new["spec"], {})
-    absent = object()  # a field only one side has differs even when the other's value is null
-    spec = [f"{k} {_show(a.get(k, '(absent)'))} -> {_show(b.get(k, '(absent)'))}"
-            for k in sorted(set(a) | set(b)) if a.get(k, absent) != b.get(k, absent)]
-    if spec:
-        parts.append("task spec changed: " + ", ".join(spec))
-    if old["data_sha256"] != new["data_sha256"]:
-        parts.append(f"data changed: sha256 {old['data_sha256'][:12]} -> {new['data_sha256'][:12]}")
-
-    def flag(name, value):
-        if name == "linear_probe":
-            return "on" if value else "off"
-        return "(spec's)" if value is None else _show(value)
-
-    options = [f"{OPTIONS.get(k, k)} {flag(k, old['options'].get(k))} -> {flag(k, new['options'].get(k))}"
-               for k in OPTIONS if old["options"].get(k) != new["options"].get(k)]
-    if options:
-        parts.append("options changed: " + ", ".join(options))
-    if old["seed"] != new["seed"]:
-        parts.append(f"seed {old['seed']} -> {new['seed']}")
-    return "; ".join(parts) or "unchanged"
-
-
-@dataclass
-class TaskPlan:
-    """One task of this command: its spec, splits (while still needed) and its part of the key."""
-
-    spec: object
-    splits: dict | None
-    setting: dict
 
 
 def run(args) -> int:
@@ -312,9 +234,9 @@ def _dry_run(args, specs, budget: Budget) -> int:
         _say(f"task {spec.name}: " + ", ".join(f"{len(splits[k])} {k}" for k in ("train", "validation", "test"))
              + f" examples ({spec.type}, {spec.format})")
         tasks.append(TaskPlan(spec, None, _task_setting(spec, splits, budget, args)))
-    _, todo, report = _reuse_or_run(tasks, args.models, _seeds(args), weights, results)
+    _, todo, report = reuse_or_run(tasks, args.models, _seeds(args), weights, results)
     for label in ("reused", "rerun", "new"):
-        for line in _groups(report[label]):
+        for line in groups(report[label]):
             _say(f"{label}: {line}")
     _say(f"dry run: the tasks are valid; {len(todo)} run(s) would train, into {Path(args.out) / 'results.json'}")
     return 0
@@ -323,15 +245,6 @@ def _dry_run(args, specs, budget: Budget) -> int:
 def _say(text: str) -> None:
     """A line on stdout, flushed at once: a log file or a pipe shows it when it happens."""
     print(text, flush=True)
-
-
-def _groups(rows: list[tuple[str, str, int, str]]) -> list[str]:
-    """(model, task, seed, why) rows as one line per model, task and reason: `model task seeds 0-2 (why)`."""
-    grouped: dict[tuple[str, str, str], list[int]] = {}
-    for model, task, seed, why in rows:
-        grouped.setdefault((model, task, why), []).append(seed)
-    return [f"{display_name(m)} {t} {seed_list(seeds)}" + (f" ({why})" if why else "")
-            for (m, t, why), seeds in grouped.items()]
 
 
 def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheckpoints, state: dict):
@@ -349,9 +262,9 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
         splits = every_split.pop(spec.name)
         tasks.append(TaskPlan(spec, splits, _task_setting(spec, splits, budget, args)))
     seeds = _seeds(args)
-    reused, todo, report = _reuse_or_run(tasks, args.models, seeds, weights, results)
+    reused, todo, report = reuse_or_run(tasks, args.models, seeds, weights, results)
     planned = {(m, tp.spec.name, s) for tp in tasks for m in args.models for s in seeds}
-    report["kept"] = _check_runs_not_redone(results, planned, {tp.spec.name: tp.setting for tp in tasks}, weights)
+    report["kept"] = check_runs_not_redone(results, planned, {tp.spec.name: tp.setting for tp in tasks}, weights)
     resumable = _resumable(todo, checkpoints, report)
     report["new"] = [r for r in report["new"] if r[:3] not in resumable]  # said once, as a resume
     for model, task, seed in reused:  # finished, but stopped before its checkpoint was removed
@@ -362,61 +275,6 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
         if not any(t is tp for t, *_ in todo):
             tp.splits = None  # every run of the task is cached: its splits were needed for the key only
     return tasks, weights, reused, todo, report, resumable
-
-
-def _reuse_or_run(tasks: list[TaskPlan], models: list[str], seeds: list[int], weights: dict, results: Results):
-    """(reused, todo, report): a run whose key is unchanged is reused; any other runs, new or again."""
-    reused, todo, report = [], [], {"reused": [], "rerun": [], "new": [], "resume": []}
-    for tp in tasks:
-        for model in models:
-            for seed in seeds:
-                key = {"weights": weights[model], "seed": seed, **tp.setting}
-                old = results.find(model, tp.spec.name, seed)
-                if old is not None and run_key(old) == key:
-                    reused.append((model, tp.spec.name, seed))
-                    report["reused"].append((model, tp.spec.name, seed, "unchanged"))
-                    continue
-                todo.append((tp, model, seed, key))
-                if old is not None:
-                    report["rerun"].append((model, tp.spec.name, seed, key_changes(run_key(old), key)))
-                else:
-                    report["new"].append((model, tp.spec.name, seed, ""))
-    return reused, todo, report
-
-
-def _check_runs_not_redone(results: Results, planned: set, settings: dict, weights: dict) -> list[tuple]:
-    """The earlier runs this command does not redo, kept; DetourError if one would share a table with
-    this command's runs under other settings: a task's column (one task setting), a model's row (one
-    set of weights)."""
-    conflicts, kept = [], []
-    for run in results.runs:
-        where = (run["model"], run["task"], run["seed"])
-        if where in planned:
-            continue
-        key, now = run_key(run), None  # `now`: the key this command would give the run
-        if run["task"] in settings or run["model"] in weights:
-            now = dict(key or {})
-            now.update(settings.get(run["task"], {}))
-            if run["model"] in weights:
-                now["weights"] = weights[run["model"]]
-        if now is not None and key != now:
-            conflicts.append((*where, key_changes(key, now)))
-        else:
-            kept.append((*where, "not asked for this time"))
-    if conflicts:
-        hints = set()
-        for model, task, seed, _ in conflicts:
-            if model not in weights:
-                hints.add(f"add the model {model}")
-            if task not in settings:
-                hints.add(f"add {task} to --tasks")
-            if model in weights and task in settings:
-                hints.add(f"--seeds {max(s for _, _, s, _ in conflicts) + 1}")
-        raise DetourError(
-            f"{results.out / 'results.json'} holds runs made with other settings that this command would not redo, "
-            "and one table would then mix two setups: " + "; ".join(_groups(conflicts))
-            + f". Redo them too ({', '.join(sorted(hints))}), or use another --out.")
-    return kept
 
 
 def _resumable(todo: list, checkpoints: EpochCheckpoints, report: dict) -> dict:
@@ -451,7 +309,7 @@ def _evaluate(args, specs, budget: Budget, stop: _Stop, state: dict, out_dir: Pa
     state["finished"] = len(reused)
     total = len(args.models) * len(specs) * args.seeds
     for label in ("reused", "rerun", "new", "resume", "kept"):
-        for line in _groups(report[label]):
+        for line in groups(report[label]):
             _say(f"{label}: {line}")
     if results.runs:
         with stop.writes():
