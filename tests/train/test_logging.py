@@ -19,7 +19,8 @@ from rich.console import Console
 from detour.cli import main as detour
 from detour.config import load_recipe
 from detour.errors import DetourError
-from detour.train.loop import check_out_dir, train
+from detour.train.loop import train
+from detour.train.outdir import check_out_dir
 from detour.runs import read_metrics
 from detour.train.metrics import Progress, write_curves
 from tests.train.conftest import RECIPES, TINY

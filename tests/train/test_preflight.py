@@ -8,7 +8,7 @@ import time
 import pytest
 
 from detour.cli import main as detour
-from detour.train.loop import clean_export_leftovers
+from detour.train.outdir import clean_export_leftovers
 from detour.train.twins import run_twins
 from tests.train.conftest import RECIPES, TINY
 

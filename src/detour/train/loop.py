@@ -16,9 +16,6 @@ import copy
 import hashlib
 import json
 import math
-import os
-import re
-import shutil
 import signal
 import sys
 import time
@@ -34,12 +31,13 @@ from detour.data.packing import PackedStream, collate, validate_seq_len
 from detour.errors import DetourError
 from detour.io import write_json
 from detour.train.branch import branch_start, parent_metrics, stream_continuity
-from detour.train.checkpoint import checkpoint_folders, latest_checkpoint, restore_checkpoint, save_checkpoint
+from detour.train.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
 from detour.train.distributed import DataParallelism, micro_batches, rank_sequences, stand_in_batch
 from detour.quiet import quiet_transformers
 from detour.train.metrics import MetricsLog, Progress, write_curves
 from detour.train.schedule import lr_at
 from detour.train.heap import lean_cpu_heap
+from detour.train.outdir import check_out_dir, start_out_dir
 from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, preflight, select_device
 from detour.train.world import World, check_strategy, init_world, shutdown_world
 from detour.train.trackers import Trackers
@@ -110,7 +108,7 @@ def _train(recipe: Recipe, out: Path, resume: bool, progress: bool, trust_unveri
     stream = PackedStream.from_paths([(s.path, s.weight) for s in recipe.data.sources], seq_len=recipe.data.seq_len,
                                      seed=recipe.data.shuffle_seed, rank=world.rank, world_size=world.size)
     if world.main:
-        _start_out_dir(out, recipe, resume)
+        start_out_dir(out, recipe, resume)
     world.barrier()
     optimizer = build_optimizer(model, recipe.optimizer)
     # MLM masks come from the stream (see mask_key): this generator is never drawn from, so whether
@@ -452,70 +450,3 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
     if state.get("branch"):
         summary["branch"] = dict(state["branch"], stream_continues_parent=stream_continuity(state["branch"], phases))
     return summary
-
-
-def check_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
-    """Refuse to overwrite a run that has checkpoints, or to resume one with another recipe."""
-    saved = RunFolder(out).recipe
-    if not (saved.is_file() and checkpoint_folders(RunFolder(out).checkpoints)):
-        return
-    if not resume:
-        raise DetourError(f"{out} already holds a run; pass --resume to continue it, or choose another --out")
-    from detour.train.branch import first_difference
-
-    # `logging`, `card` and `distributed` never shape the run: a resume may change them (a checkpoint
-    # resumes on any number of processes and either strategy), and runs saved before they existed lack them.
-    mine, theirs = recipe_to_dict(recipe), json.loads(saved.read_text())
-    for key in ("logging", "card", "distributed"):
-        mine.pop(key, None)
-        theirs.pop(key, None)
-    diff = first_difference(mine, theirs, "")
-    if diff:
-        raise DetourError(f"{out} holds a run of a different recipe ({diff[0]}: {diff[1]!r} now, {diff[2]!r} in "
-                          f"{saved}); resume with the same recipe and --set overrides, or choose another --out")
-
-
-_EXPORT_LEFTOVER = re.compile(r"^(?P<target>.+)\.(?P<kind>tmp|old)-\d+$")
-
-
-def clean_export_leftovers(out: Path) -> list[str]:
-    """Folders a killed export left (`model.tmp-PID`, `export/clm.old-PID`, ...): detour's names only.
-
-    A `.tmp-` folder is an unfinished export: removed. An `.old-` folder is the previous export,
-    moved aside just before its replacement was renamed in: put back if the kill came in between,
-    else removed.
-    """
-    done = []
-    for parent in [out, RunFolder(out).export_dir, *(p for p in RunFolder(out).export_dir.glob("*") if p.is_dir())]:
-        if not parent.is_dir():
-            continue
-        for folder in sorted(parent.iterdir()):
-            m = _EXPORT_LEFTOVER.match(folder.name)
-            if not (m and folder.is_dir()):
-                continue
-            target = folder.with_name(m["target"])
-            if m["kind"] == "old" and not target.exists():
-                os.replace(folder, target)
-                done.append(f"restored {target}")
-            else:
-                # Exports taken during the phase may have been moved in already: they go back first.
-                for sub in sorted(folder.iterdir()):
-                    if sub.is_dir() and sub.name.isdigit() and target.is_dir() and not (target / sub.name).exists():
-                        os.replace(sub, target / sub.name)
-                        done.append(f"restored {target / sub.name}")
-                shutil.rmtree(folder)
-                done.append(f"removed {folder}")
-    return done
-
-
-def _start_out_dir(out: Path, recipe: Recipe, resume: bool) -> None:
-    """Called once set-up succeeded, so a failed start leaves nothing behind that looks like a run."""
-    out.mkdir(parents=True, exist_ok=True)
-    for line in clean_export_leftovers(out):
-        print(f"detour: {line} (left by an interrupted export)", file=sys.stderr)
-    for stale in sorted(RunFolder(out).checkpoints.glob(".tmp-step-*")):  # a checkpoint a kill cut short
-        shutil.rmtree(stale)
-        print(f"detour: removed {stale} (an unfinished checkpoint)", file=sys.stderr)
-    if not resume or not checkpoint_folders(RunFolder(out).checkpoints):
-        RunFolder(out).metrics.unlink(missing_ok=True)  # a fresh start: no stale records
-    write_json(RunFolder(out).recipe, recipe_to_dict(recipe))

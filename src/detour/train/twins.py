@@ -263,7 +263,8 @@ def run_twins(recipe: Recipe, out: Path, resume: bool = False, progress: bool = 
 
 
 def _run_arms(arms: dict[str, Recipe], out: Path, resume: bool, progress: bool, trust_unverified: bool) -> dict:
-    from detour.train.loop import check_out_dir, train
+    from detour.train.loop import train
+    from detour.train.outdir import check_out_dir
 
     resolved, done = {}, {}
     for name, arm in arms.items():
