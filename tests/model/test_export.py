@@ -15,7 +15,8 @@ from detour.cli import main as detour
 from detour.config import baseline_of, load_recipe, recipe_to_dict
 from detour.errors import DetourError
 from detour.model.doctor import packed_batch
-from detour.model.export import card_license, check_card, export_hf, hub_id_of
+from detour.model.card import card_license, check_card, hub_id_of
+from detour.model.export import export_hf
 from detour.model.load import config_special_ids, load_mlm_model, tiny_modernbert_config
 from detour.model.objectives import clm_loss
 from tests.train.conftest import RECIPES, TINY
@@ -264,7 +265,7 @@ def test_a_pretrained_base_gives_its_hub_id_and_its_license(minilm, real_text, t
 
 
 def test_the_card_keeps_fill_mask_for_a_head_the_base_shipped_or_trained_long_enough():
-    from detour.model.export import FILL_MASK_MIN_TOKENS, _pipeline_tag
+    from detour.model.card import FILL_MASK_MIN_TOKENS, _pipeline_tag
 
     mlm = {"phases": [{"objective": "clm", "tokens_done": 10**9}, {"objective": "mlm", "tokens_done": 5000}]}
     assert _pipeline_tag(mlm, last_clm=False) == "fill-mask"  # the base's own head, continued
@@ -275,7 +276,7 @@ def test_the_card_keeps_fill_mask_for_a_head_the_base_shipped_or_trained_long_en
 
 
 def test_card_datasets_are_hub_ids_and_languages_come_from_the_recipe_or_the_generator(tmp_path):
-    from detour.model.export import card_languages, hub_datasets
+    from detour.model.card import card_languages, hub_datasets
 
     local = tmp_path / "corpus"
     local.mkdir()

@@ -389,7 +389,8 @@ def _apply_freeze(model, phase: PhaseSpec) -> None:
 
 
 def _export(model, tokenizer, recipe: Recipe, state: dict, folder: Path) -> Path:
-    from detour.model.export import arm_of, card_license, describe_data, export_hf
+    from detour.model.card import arm_of, card_license, describe_data
+    from detour.model.export import export_hf
 
     arm, replaced = arm_of(recipe)
     phases = [{"name": p.name, "objective": p.objective, "mask_rate": p.mask_rate, "tokens": p.tokens,

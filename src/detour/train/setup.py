@@ -135,7 +135,7 @@ def preflight(recipe: Recipe, out=None, data: bool = True, parent: bool = True) 
         if theirs != mine:
             raise DetourError(f"data.sources.{i}: {path} was tokenized with a different tokenizer than the model's "
                               f"({theirs[:12]} != {mine[:12]}); re-run `detour prepare` with --tokenizer set to the model's")
-    from detour.model.export import check_card
+    from detour.model.card import check_card
 
     if data:  # synthetic data carry their own license: without the data it is not known yet
         check_card(recipe)  # the exports' model card needs a license: known now, not at the first export
