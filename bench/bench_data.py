@@ -52,6 +52,17 @@ def machine_info() -> dict:
     }
 
 
+def results_path(kind: str) -> Path:
+    """bench/results/KIND-DATE-NCPUcpu.json, or -2, -3, ... after it: a second run on the same day
+    keeps the first one's file."""
+    stem = f"{kind}-{datetime.now(timezone.utc):%Y%m%d}-{os.cpu_count()}cpu"
+    out = REPO / "bench" / "results" / f"{stem}.json"
+    n = 2
+    while out.exists():
+        out, n = out.with_name(f"{stem}-{n}.json"), n + 1
+    return out
+
+
 def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int) -> dict:
     """Run the real CLI; return wall seconds, peak RSS (largest process) and the manifest."""
     shutil.rmtree(out, ignore_errors=True)
@@ -144,7 +155,7 @@ def main() -> int:
     print(f"load average start {info['load_average_at_start']}, end {results['machine']['load_average_at_end']} "
           f"on {info['cpu_cores']} cores ({info['cpu_model']})")
     if not args.quick:
-        out = REPO / "bench" / "results" / f"data-{datetime.now(timezone.utc):%Y%m%d}-{info['cpu_cores']}cpu.json"
+        out = results_path("data")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {out.relative_to(REPO)}")

@@ -506,12 +506,9 @@ def main() -> int:
             "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": info,
             "detour": source_state, "per_task": per_task, "target": target, "runs": runs,
         }
-        stem = f"eval-{datetime.now(timezone.utc):%Y%m%d}-{info['cpu_cores']}cpu"
-        out = REPO / "bench" / "results" / f"{stem}.json"
-        for n in range(2, 100):  # a second run on the same day keeps the first's file
-            if not out.exists():
-                break
-            out = out.with_name(f"{stem}-{n}.json")
+        from bench_data import results_path
+
+        out = results_path("eval")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {out.relative_to(REPO)}")

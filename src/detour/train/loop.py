@@ -36,7 +36,6 @@ from detour.train.distributed import DataParallelism, micro_batches, rank_sequen
 from detour.quiet import quiet_transformers
 from detour.train.metrics import MetricsLog, Progress, write_curves
 from detour.train.schedule import lr_at
-from detour.train.heap import lean_cpu_heap
 from detour.train.outdir import check_out_dir, start_out_dir
 from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, preflight, select_device
 from detour.train.world import World, check_strategy, init_world, shutdown_world
@@ -76,8 +75,6 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     out = Path(out)
     world = init_world()
     device = select_device(recipe.device, world.local_rank)
-    if device.type == "cpu":
-        lean_cpu_heap()  # the peak RSS near live memory, for a few percent of step time (detour.train.heap)
     recipe.grad_accumulation(world.size)  # a full step splits evenly; a phase's last one need not
     check_strategy(recipe, world)
     preflight(recipe, out)
