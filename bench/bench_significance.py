@@ -15,10 +15,10 @@ mean 0 and standard deviation 1 per task (before the task's scale) from:
     standard deviations from 1 to 3.16); with one task it is the normal design and is left out.
 For each design and distribution: the rejection rate at alpha 0.05 and 0.01 (reject when p <= alpha)
 over --nulls nulls, for
-  - sign-flip: detour.eval.significance.sign_flip_test, the mean over tasks of the mean difference
+  - sign-flip: detour.eval.paired.sign_flip_test, the mean over tasks of the mean difference
     (the p of record); exact up to 2^20 sign patterns, else --patterns sampled ones;
   - sign-flip standardised: the same test of the mean over tasks of sum(d) / sqrt(sum(d^2));
-  - bootstrap: the shift-method p of detour.eval.significance.paired_bootstrap (small-sample
+  - bootstrap: the shift-method p of detour.eval.paired.paired_bootstrap (small-sample
     correction on), with --resamples resamples;
 and, of the same runs, the coverage of the bootstrap's 95% percentile interval (the interval
 `compare` prints; it moves with the data, so its coverage is the same with or without a true
@@ -92,7 +92,7 @@ def draw(distribution: str, rng: np.random.Generator, nulls: int, seeds: int, ta
 
 def run_block(diffs: np.ndarray, seed: int, resamples: int, patterns: int, per_task: bool) -> dict:
     """Every test's p for one block of nulls, diffs of shape (tasks, nulls, seeds)."""
-    from detour.eval.significance import holm, paired_bootstrap, sign_flip_test
+    from detour.eval.paired import holm, paired_bootstrap, sign_flip_test
 
     per_task_diffs = list(diffs)
     flip = sign_flip_test(per_task_diffs, patterns=patterns, seed=seed)
@@ -108,7 +108,7 @@ def run_block(diffs: np.ndarray, seed: int, resamples: int, patterns: int, per_t
 
 def check_rows(diffs: np.ndarray, block: dict, seed: int, resamples: int, patterns: int, rows=(0, 1)) -> None:
     """The batched p of a few rows equal single calls' (the path `detour compare` takes)."""
-    from detour.eval.significance import paired_bootstrap, sign_flip_test
+    from detour.eval.paired import paired_bootstrap, sign_flip_test
 
     for r in rows:
         one = [d[r] for d in diffs]
@@ -215,14 +215,14 @@ def machine_info() -> dict:
 
 
 def detour_source() -> dict:
-    """The commit checked out, and whether src/detour/eval/significance.py (what is measured) is that
+    """The commit checked out, and whether src/detour/eval/paired.py (what is measured) is that
     commit's file."""
-    import detour.eval.significance as measured
+    import detour.eval.paired as measured
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    committed = subprocess.run(["git", "show", "HEAD:src/detour/eval/significance.py"], cwd=REPO, capture_output=True)
+    committed = subprocess.run(["git", "show", "HEAD:src/detour/eval/paired.py"], cwd=REPO, capture_output=True)
     same = committed.returncode == 0 and Path(measured.__file__).read_bytes() == committed.stdout
-    return {"commit": commit, "significance_matches_commit": same}
+    return {"commit": commit, "paired_matches_commit": same}
 
 
 def main() -> int:
@@ -274,7 +274,7 @@ def main() -> int:
         "sampled_sign_patterns": args.patterns, "exact_up_to_patterns": 2**20, "block": args.block,
         "alphas": list(ALPHAS), "effects_sd": list(EFFECTS), "designs": [f"{s}x{t}" for t in TASKS for s in SEEDS],
         "distributions": DISTRIBUTIONS,
-        "tests": {"sign_flip": "detour.eval.significance.sign_flip_test, mean over tasks of the mean difference "
+        "tests": {"sign_flip": "detour.eval.paired.sign_flip_test, mean over tasks of the mean difference "
                                "(the p of record of `detour compare`)",
                   "sign_flip_standardised": "sign_flip_test(standardise=True): mean over tasks of sum(d)/sqrt(sum(d^2))",
                   "bootstrap": "paired_bootstrap's shift-method p, small-sample correction on (the p of earlier versions)"},

@@ -305,7 +305,7 @@ def test_rerun_with_every_run_cached_rewrites_results_md(small_eval, minilm, sha
 
 
 def test_runs_record_what_compare_checks(small_eval, minilm, shared_data, tmp_path, capsys):
-    from detour.eval.significance import RECORDED, run_settings
+    from detour.eval.pairing import RECORDED, run_settings
 
     (run,) = [r for r in json.loads((small_eval / "results.json").read_text())["runs"] if r["seed"] == 0]
     recorded = {k.split(".")[0] for k in run_settings(run)}

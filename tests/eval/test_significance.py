@@ -11,8 +11,9 @@ import pytest
 
 from detour.cli import main
 from detour.errors import DetourError
-from detour.eval.significance import (bootstrap_statistics, compare, distinct_resamples, holm, paired_bootstrap,
-                                      read_comparison, seeds_for_holm, sign_flip_test, sign_flip_weights)
+from detour.eval.paired import (bootstrap_statistics, distinct_resamples, holm, paired_bootstrap, seeds_for_holm,
+                                sign_flip_test, sign_flip_weights)
+from detour.eval.significance import compare, read_comparison
 
 TASKS = ["t1", "t2", "t3", "t4"]
 
@@ -348,7 +349,7 @@ def test_settings_older_results_lack_are_named_as_unchecked(tmp_path, capsys):
 
 
 def test_models_are_found_by_label_by_path_and_with_a_trailing_slash(tmp_path, monkeypatch):
-    from detour.eval.significance import _resolve_model
+    from detour.eval.pairing import _resolve_model
 
     monkeypatch.chdir(tmp_path)
     models = ["runs/twins/detour/model", "runs/twins/baseline/model"]

@@ -112,7 +112,8 @@ def test_synthetic_data_is_flagged_prominently(report):
 
 
 def test_results_table_and_p_value_come_from_the_results_and_significance(study, report, shared_data):
-    from detour.eval.significance import compare, distinct_resamples
+    from detour.eval.paired import distinct_resamples
+    from detour.eval.significance import compare
     from detour.report.page import p_value
 
     md = section(report["md"], "3. Downstream results")

@@ -177,7 +177,7 @@ def _eval(root: Path, arms) -> tuple[list[Path], list[dict]]:
     files = sorted({*root.glob("eval/results.json"), *root.glob("eval/*/results.json")})
     if not files:
         return [], []
-    from detour.eval.significance import load_runs
+    from detour.eval.pairing import load_runs
 
     runs = load_runs(files)
     for r in runs:

@@ -109,7 +109,9 @@ def results_table(s: Study) -> ResultsTable | None:
 
 def compare_arms(s: Study, table: ResultsTable, arm: str, against: str) -> Significance:
     """`detour compare` of `arm` against `against` on the tasks both ran, through the library."""
-    from detour.eval.significance import compare, describe_holm, describe_test, distinct_resamples, load_runs, pair_tasks
+    from detour.eval.paired import distinct_resamples
+    from detour.eval.pairing import load_runs, pair_tasks
+    from detour.eval.significance import compare, describe_holm, describe_test
 
     tasks = [t for t in table.tasks if (arm, t) in table.cells and (against, t) in table.cells]
     out = Significance(arm, against, tasks, {})
