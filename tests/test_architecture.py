@@ -1,4 +1,5 @@
-"""The package's floor plan, read from its source: layers that only point down, no import cycles, one loader.
+"""The package's floor plan, read from its source: layers that only point down, no import cycles, one loader,
+no module over 500 lines.
 
     python -m pytest -q tests/test_architecture.py
 
@@ -41,6 +42,10 @@ def layer_of(module: str) -> int:
     if part not in LAYERS:
         raise AssertionError(f"{module}: not in any layer; add it to LAYERS or BASE in {Path(__file__).name}")
     return LAYERS.index(part)
+
+
+# One concern per file: a module past this many lines has grown a second one to move out.
+MAX_LINES = 500
 
 
 def _module_name(path: Path, src: Path) -> str:
@@ -213,7 +218,25 @@ def test_one_way_to_stop(trees):
     assert not codes, f"RESUMABLE_EXIT defined outside detour.stop: {codes}"
 
 
+def long_modules(src: Path = SRC, limit: int = MAX_LINES) -> list[str]:
+    return [f"{path.relative_to(src)}: {n} lines" for path in sorted((src / "detour").rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > limit]
+
+
+def test_no_module_is_over_the_line_limit():
+    found = long_modules()
+    assert not found, f"modules over {MAX_LINES} lines (split out a concern): {found}"
+
+
 # ---- the checks themselves catch what they guard ----
+
+def test_a_long_module_is_found(tmp_path):
+    (tmp_path / "detour" / "eval").mkdir(parents=True)
+    (tmp_path / "detour" / "eval" / "short.py").write_text("x = 1\n" * MAX_LINES)
+    (tmp_path / "detour" / "eval" / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_modules(tmp_path) == [f"detour/eval/long.py: {MAX_LINES + 1} lines"]
+
+
 
 def _package(tmp_path: Path, files: dict[str, str]) -> dict[str, ast.Module]:
     for name, text in files.items():
