@@ -52,7 +52,8 @@ Reported per task and arm, as the median over the rounds with min-max:
     before the clock in both arms;
   - test macro F1: the mean over the rounds' seeds, with the sample std; the gap detour - Trainer
     as the difference of the two means, with its standard error (Welch: the arms' seeds are not
-    paired, since each draws its own initialisation and order from the seed);
+    paired, since each draws its own initialisation and order from the seed), and whether the gap
+    lies within two standard errors of zero: printed under the checks, not part of the target;
   - peak RSS.
 The ratio detour / Trainer is taken per round and task (two runs back to back, under about the
 same load) and its median reported, with the range over the rounds.
@@ -342,6 +343,8 @@ def summarise_task(measured: list[dict]) -> dict:
                   min(100 * a["test_macro_f1"] for a in arms.values()) >= F1_FLOOR}
     summary = {"arms": arms, "ratio_detour_to_trainer": ratio, "ratio_per_round": per_round,
                "ratio_of_the_medians": of_medians, "f1_gap_points": f1_gap, "f1_gap_standard_error_points": f1_gap_se,
+               # what the seeds can tell: is the gap within two standard errors of zero (not part of the target)
+               "f1_gap_within_two_standard_errors": None if f1_gap_se is None else abs(f1_gap) <= 2 * f1_gap_se,
                "checks": checks}
     if UNGROUPED in arms:  # what the length grouping alone buys detour, per round as above
         grouping = {k: [pair[rnd]["detour"][k] / pair[rnd][UNGROUPED][k] for rnd in rounds] for k in keys}
@@ -393,6 +396,10 @@ def table(task: str, summary: dict) -> str:
              for r in [head, *rows]]
     failed = [k for k, ok in summary["checks"].items() if not ok]
     lines.append(f"checks: {'all met' if not failed else 'NOT met: ' + ', '.join(failed)}")
+    if summary["f1_gap_within_two_standard_errors"] is not None:
+        within = summary["f1_gap_within_two_standard_errors"]
+        lines.append(f"test F1 gap {summary['f1_gap_points']:+.2f} points is {'within' if within else 'beyond'} two "
+                     f"standard errors ({2 * summary['f1_gap_standard_error_points']:.2f}) of zero")
     return "\n".join(lines)
 
 
