@@ -52,10 +52,10 @@ def machine_info() -> dict:
     }
 
 
-def results_path(kind: str) -> Path:
-    """bench/results/KIND-DATE-NCPUcpu.json, or -2, -3, ... after it: a second run on the same day
-    keeps the first one's file."""
-    stem = f"{kind}-{datetime.now(timezone.utc):%Y%m%d}-{os.cpu_count()}cpu"
+def results_path(kind: str, machine: str | None = None) -> Path:
+    """bench/results/KIND-DATE-MACHINE.json (MACHINE: NCPUcpu unless given), or -2, -3, ... after it:
+    a second run on the same day keeps the first one's file."""
+    stem = f"{kind}-{datetime.now(timezone.utc):%Y%m%d}-{machine or f'{os.cpu_count()}cpu'}"
     out = REPO / "bench" / "results" / f"{stem}.json"
     n = 2
     while out.exists():

@@ -335,7 +335,7 @@ def summarise_task(measured: list[dict]) -> dict:
     ratio = {k: statistics.median(v) for k, v in per_round.items()}
     of_medians = {k: arms["detour"][k]["median"] / arms["trainer"][k]["median"] for k in keys}
     f1_gap = 100 * (arms["detour"]["test_macro_f1"] - arms["trainer"]["test_macro_f1"])
-    f1_gap_se = gap_standard_error(*(arms[arm] for arm in ARMS), n=len(rounds))
+    f1_gap_se = gap_standard_error(arms["detour"], arms["trainer"], n=len(rounds))
     checks = {f"train_ratio_at_least_{SPEED_TARGET}": ratio["train_examples_per_s"] >= SPEED_TARGET,
               f"end_to_end_ratio_at_least_{SPEED_TARGET}": ratio["end_to_end_examples_per_s"] >= SPEED_TARGET,
               f"f1_within_{F1_TOLERANCE}_points": abs(f1_gap) <= F1_TOLERANCE,

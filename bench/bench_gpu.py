@@ -457,10 +457,11 @@ def main(argv: list[str] | None = None) -> int:
         print_train(result["train"])
     if args.quick and not args.out:
         return 0
+    from bench_data import results_path
     from detour.io import write_json
 
     device = re.sub(r"[^a-z0-9]+", "-", start["gpu"].lower()).strip("-")
-    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"gpu-{datetime.now(timezone.utc):%Y%m%d}-{device}.json"
+    out = Path(args.out) if args.out else results_path("gpu", machine=device)
     write_json(out, result)
     print(f"wrote {out}")
     checks = [a["loss_within_bf16_noise"] for a in result.get("arms", {}).values() if "loss_within_bf16_noise" in a]

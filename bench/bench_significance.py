@@ -266,8 +266,9 @@ def main() -> int:
     print(f"{len(rows)} rows in {wall:.0f} s")
     if args.quick:
         return 0
-    out = Path(args.out) if args.out else \
-        REPO / "bench" / "results" / f"significance-{datetime.now(timezone.utc):%Y%m%d}-{os.cpu_count()}cpu.json"
+    from bench_data import results_path
+
+    out = Path(args.out) if args.out else results_path("significance")
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "benchmark": "significance-calibration", "nulls_per_row": args.nulls, "resamples": args.resamples,
