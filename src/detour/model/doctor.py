@@ -24,7 +24,8 @@ import torch
 
 from detour.errors import DetourError
 from detour.model import varlen
-from detour.model.load import config_special_ids, encoder_body, load_mlm_model, tiny_modernbert_config
+from detour.model.load import (config_special_ids, encoder_body, load_mlm_model, tiny_modernbert_config,
+                               user_attention)
 from detour.model.objectives import encode
 
 EXACT = 1e-6  # "unchanged": masked keys get exactly zero weight, so diffs are 0 in practice
@@ -126,7 +127,7 @@ def check_model(model, seq_len: int = 64, seed: int = 0) -> dict:
     with torch.no_grad():
         for objective, causal in (("clm", True), ("mlm", False)):
             base = _hidden(model, batch, causal)
-            current = model.config._attn_implementation
+            current = user_attention(model.config._attn_implementation)
             other = "sdpa" if current == varlen.NAME else varlen.NAME
             with attention_backend(model, other):
                 value = (_hidden(model, batch, causal) - base).abs().max().item()
@@ -168,7 +169,7 @@ def check_model(model, seq_len: int = 64, seed: int = 0) -> dict:
     model.train(was_training)
     verdict = {
         "model_type": model.config.model_type,
-        "attn": model.config._attn_implementation,
+        "attn": user_attention(model.config._attn_implementation),
         "seq_len": seq_len,
         "layers": model.config.num_hidden_layers,
         "ok": all(c["ok"] for c in checks),

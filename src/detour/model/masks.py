@@ -23,7 +23,7 @@ import torch
 
 from detour.errors import DetourError
 from detour.model import varlen
-from detour.model.load import family
+from detour.model.load import family, user_attention
 
 SUPPORTED_ATTN = ("sdpa", "eager")
 
@@ -60,7 +60,7 @@ def attention_inputs(model, doc_ids: torch.Tensor, causal: bool) -> dict:
 
 def build_attention_mask(model, doc_ids: torch.Tensor, causal: bool):
     """The `attention_mask=` for `model`'s forward on a packed batch with these document ids."""
-    attn = model.config._attn_implementation
+    attn = user_attention(model.config._attn_implementation)
     if attn not in SUPPORTED_ATTN:
         raise DetourError(
             f"attention implementation {attn!r} cannot take detour's packed masks; "
