@@ -15,6 +15,8 @@ Arms, fp32 on CPU, on the same packed MiniLM batches of the embedded synthetic c
 --baseline-src adds detour-mlm@baseline and detour-clm@baseline: the same steps on another
 checkout's detour package (PYTHONPATH), in the same rounds, so before/after share the load.
 Each arm is its own long-lived process (so peak RSS is its own: ru_maxrss, model load included).
+The detour arms set glibc's heap as `detour train` does on CPU (detour.train.heap: a step's buffers
+kept for the next step); hf-mlm runs under glibc's default, as a stock run does.
 After warm-up steps, the parent runs rounds that alternate the arms (A B C A B C ...), a few steps
 each, so load from other jobs on the machine falls on every arm; each round starts with a fp32
 matmul probe (best of 3 square 2048 sgemms, same thread count) in the parent, the rate MFU is
@@ -120,6 +122,14 @@ def step_flops(shape: dict, tokens: int, seq_len: int, head_rows: int) -> float:
 def worker(arm: str, kind: str, data: Path, seq_len: int, micro: int, n_batches: int) -> None:
     """One arm's process: load, then run steps when the parent says `run K`; `quit` reports peak RSS."""
     import torch
+
+    if arm != "hf-mlm":
+        try:
+            from detour.train.heap import steady_cpu_heap
+        except ImportError:  # a --baseline-src checkout from before detour set its heap
+            pass
+        else:
+            steady_cpu_heap()  # as `detour train` does on CPU
 
     model, tok = _model(kind)
     model.train()
