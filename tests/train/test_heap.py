@@ -17,9 +17,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 # top down, and prints how many MiB of resident memory went back to the kernel: glibc trims the
 # heap's top past its trim threshold (torch's aligned requests rarely leave the top free, so plain
 # malloc shows the setting). Then it fills eight 24 MiB tensors (an attention buffer's size at
-# 8 x 256 tokens and 12 heads, above the 20 MiB glibc's moving threshold has risen to) and prints how many MiB of them glibc mapped on their own
-# (mallinfo2's hblkhd): a mapped tensor is unmapped when freed, and the next step faults it in
-# again. Under glibc's default, early in a process, both happen; with detour's thresholds neither.
+# 8 x 256 tokens and 12 heads, above the 20 MiB glibc's moving threshold has risen to) and prints
+# how many MiB of them glibc mapped on their own (mallinfo2's hblkhd): a mapped tensor is unmapped
+# when freed, and the next step faults it in again. Under glibc's default, early in a process, both happen; with detour's thresholds neither.
 PROBE = """
 import ctypes, sys, torch
 from detour.train.heap import steady_cpu_heap

@@ -299,9 +299,9 @@ def evaluate(model, prep: PreparedTask, split: str, device) -> dict[str, float]:
 
 
 def build_model(model_name: str, prep: PreparedTask, linear_probe: bool) -> EncoderWithHead:
-    from detour.model.load import hf_attention, load_encoder
+    from detour.model.load import load_encoder
 
-    encoder, _ = load_encoder(model_name, attn_implementation=hf_attention("sdpa"))
+    encoder, _ = load_encoder(model_name, attn_implementation="sdpa")
     hidden = encoder.config.hidden_size
     head = get_task_type(prep.spec.type).build_head(hidden, prep.spec, prep.labels, prep.features["train"])
     return EncoderWithHead(encoder, head, linear_probe=linear_probe)

@@ -3,24 +3,24 @@
     python -m pytest -q tests/model/test_lean_attention.py
 
 With attention dropout on (BERT's attention_probs_dropout_prob is 0.1) torch's CPU sdpa cannot use
-its fused kernel and runs the math path, which keeps four [B, H, L, L] fp32 tensors a layer for
-backward: the softmax, the dropout noise (fp32: CPU dropout draws a float tensor), the dropped
-probabilities and their scaled copy. At MiniLM's 12 heads and 8 x 256 tokens that is about 80 MiB
-a layer, most of a training step's activations, and those 25 MiB buffers are what glibc's heap
-fragments on. `LeanAttention` keeps the softmax and the dropout's keep-mask as booleans (31 MiB a
-layer), rebuilds the dropped probabilities in backward from the two (one multiply, no matmul),
-and writes the softmax over the scores in place.
+its fused kernel and runs the math path, which keeps three [B, H, L, L] fp32 tensors a layer for
+backward: the softmax, the dropout noise (fp32: CPU dropout draws a float tensor) and the dropped
+probabilities. At MiniLM's 12 heads and 8 x 256 tokens that is about 80 MiB a layer with the
+temporaries, most of a training step's activations. `LeanAttention` keeps the softmax and the
+dropout's keep-mask as booleans (30 MiB a layer), rebuilds the dropped probabilities in backward
+from the two (one multiply, no matmul), and writes the softmax over the scores in place.
 
 What it computes is sdpa's math path, op for op: the scale split as sqrt(scale) on q and on k, the
 masked scores at -inf, the softmax, the dropout noise drawn with the same `bernoulli_` call on a
 tensor of the same shape (so the same generator state gives the same dropped entries), and the
-same matmuls, so the forward is bitwise sdpa's. Backward takes the same formulas in another
-order, equal to float rounding.
+same matmuls; backward takes autograd's formulas in autograd's order, so outputs and gradients are
+bit for bit sdpa's.
 
-`attention_forward` is transformers' attention-function signature; `detour.model.load` registers
-it as `NAME` for `model.attn_implementation: sdpa`. It runs `LeanAttention` only where sdpa would
-take the math path for dropout (CPU, training, autograd on, a boolean or no mask, no causal flag,
-no GQA); every other call goes to transformers' sdpa function unchanged.
+`attention_forward` is transformers' attention-function signature; importing this module registers
+it as `NAME`, which `detour.model.load` loads for `model.attn_implementation: sdpa`. It runs
+`LeanAttention` only where sdpa would take the math path for dropout (CPU, training, autograd on,
+a boolean or no mask, no causal flag, no GQA); every other call goes to transformers' sdpa function
+unchanged.
 """
 
 from __future__ import annotations

@@ -156,7 +156,8 @@ def load_encoder(ref, *, mlm_head: bool = False, config=None, dtype: torch.dtype
     """(model, loading info) from a model reference: the bare encoder (`AutoModel`), or with `mlm_head`
     the masked LM (`AutoModelForMaskedLM`), in `dtype`, on the CPU.
 
-    `name` is how errors call the model (default: the reference). The loading info lists missing and unexpected keys: a head the checkpoint lacks is fresh, an
+    `name` is how errors call the model (default: the reference); `attn_implementation` is a resolved
+    `model.attn_implementation` (sdpa runs as `hf_attention` says). The loading info lists missing and unexpected keys: a head the checkpoint lacks is fresh, an
     MLM checkpoint read as a bare encoder drops its head (both expected; the callers say so).
     """
     path = resolve_model_ref(str(ref))
@@ -164,7 +165,7 @@ def load_encoder(ref, *, mlm_head: bool = False, config=None, dtype: torch.dtype
     if config is not None:
         options["config"] = config
     if attn_implementation is not None:
-        options["attn_implementation"] = attn_implementation
+        options["attn_implementation"] = hf_attention(attn_implementation)
     cls = AutoModelForMaskedLM if mlm_head else AutoModel
     try:
         with quiet_transformers():  # a load turns transformers' bars back on: its "Loading weights" bar per run
@@ -302,7 +303,7 @@ def load_mlm_model(
 def _load_pretrained(source, attn_implementation, trust_remote_code, seed, device=None) -> PreTrainedModel:
     _, hf_config = load_config(source, trust_remote_code=trust_remote_code)
     _check_type(hf_config.model_type, f"model {source}")
-    attn_implementation = hf_attention(resolve_attn_implementation(attn_implementation, hf_config, device))
+    attn_implementation = resolve_attn_implementation(attn_implementation, hf_config, device)
     # transformers warns "newly initialized" about the head of a head-less checkpoint; we say it
     # once ourselves below, in words that match what happens (a fresh head, decoder tied).
     with torch.random.fork_rng(devices=[]):
