@@ -156,7 +156,14 @@ def worker(arm: str, kind: str, data: Path, seq_len: int, micro: int, n_batches:
     def rss() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-    print(json.dumps({"ready": arm, "shape": shape_of(model), "rss_after_load_mib": rss()}), flush=True)
+    try:
+        from detour.train.heap import malloc_library
+    except ImportError:  # a --baseline-src checkout from before detour could tell
+        malloc = None
+    else:
+        malloc = malloc_library()
+    print(json.dumps({"ready": arm, "shape": shape_of(model), "rss_after_load_mib": rss(), "malloc": malloc}),
+          flush=True)
     done = 0
     for line in sys.stdin:
         command = line.split()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from detour.train import loop
-from detour.train.heap import chosen_by_environment
+from detour.train.heap import chosen_by_environment, installed_allocator
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
 
@@ -77,3 +77,26 @@ def test_cpu_training_sets_it(tiny_recipe, tmp_path, monkeypatch):
     assert recipe.device in ("cpu", "auto")
     loop.train(recipe, tmp_path / "run", progress=False)
     assert calls == [True]
+
+
+def _tcmalloc() -> str:
+    library = installed_allocator("tcmalloc")
+    if library is None:
+        reason = "tcmalloc is not installed (Debian: libtcmalloc-minimal4)"
+        if os.environ.get("DETOUR_REQUIRE_TCMALLOC") == "1":
+            pytest.fail(f"DETOUR_REQUIRE_TCMALLOC=1 but {reason}")
+        pytest.skip(reason)
+    return library
+
+
+NAMES = "from detour.train.heap import malloc_library, steady_cpu_heap; print(malloc_library(), steady_cpu_heap())"
+
+
+def test_a_process_names_its_malloc_and_leaves_glibcs_heap_alone_under_a_preloaded_one():
+    environ = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GLIBC_TUNABLES")
+               and not k.startswith("MALLOC_")}
+    run = lambda **env: subprocess.run([sys.executable, "-c", NAMES], env={**environ, **env}, capture_output=True,
+                                       text=True, check=True).stdout.split()
+    assert run() == ["libc.so.6", "True"]
+    library = _tcmalloc()
+    assert run(LD_PRELOAD=library) == [os.path.basename(library), "False"]

@@ -17,13 +17,24 @@ as before, it is only no longer handed back between steps.
 
 A value the environment chose (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, or either in
 `GLIBC_TUNABLES`) is kept, and nothing is set. On CUDA the tensors are not on this heap, and
-nothing is changed; nor on a C library other than glibc.
+nothing is changed; nor on a C library other than glibc, nor where another allocator was preloaded.
+
+What these thresholds cannot mend is glibc's reuse of freed memory: torch asks for 64-byte-aligned
+blocks (posix_memalign), and glibc's memalign (2.36, Debian 12's) takes a free chunk only when it is
+larger than the request by the alignment and then some, so the hole a freed buffer leaves rarely
+fits the same buffer in the next step and the heap grows around it (glibc's bug 14581). tcmalloc
+reuses such holes; started under it (`LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+detour train ...`, Debian's libtcmalloc-minimal4), the same steps peak hundreds of MiB lower, the
+same from run to run, and run a little faster (`bench/bench_malloc.py`). An allocator has to be
+chosen when the process starts, so detour does not choose one itself; `malloc_library()` tells which
+one a process runs on.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import glob
 import os
 
 # mallopt's parameter numbers, from glibc's malloc.h
@@ -31,6 +42,9 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # bytes: glibc's ceiling for its own moving threshold on 64-bit
 TRIM_THRESHOLD = 1 << 30  # bytes: free memory above this at the heap's top goes back to the kernel
+# The shared libraries a user can preload, by allocator: Debian's libtcmalloc-minimal4 and
+# libgoogle-perftools4, libjemalloc2; conda-forge's gperftools and jemalloc
+PRELOADS = {"tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"), "jemalloc": ("libjemalloc.so.2",)}
 _ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 _TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
 
@@ -41,9 +55,42 @@ def chosen_by_environment(environ=os.environ) -> bool:
     return any(name in environ for name in _ENVIRONMENT) or any(name in tunables for name in _TUNABLES)
 
 
+class _DlInfo(ctypes.Structure):  # dladdr's answer, from dlfcn.h
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def malloc_library() -> str | None:
+    """The file name of the library whose `malloc` this process calls (`libc.so.6` for glibc's,
+    `libtcmalloc_minimal.so.4` under that preload), or None where the dynamic linker cannot say."""
+    try:
+        process = ctypes.CDLL(None)  # the symbols as the process resolves them: a preload comes first
+        dladdr = process.dladdr
+        malloc = ctypes.cast(process.malloc, ctypes.c_void_p)
+    except (OSError, AttributeError):
+        return None
+    dladdr.argtypes, dladdr.restype = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)], ctypes.c_int
+    info = _DlInfo()
+    if not dladdr(malloc, ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.path.basename(os.fsdecode(info.dli_fname))
+
+
+def installed_allocator(name: str) -> str | None:
+    """The path of allocator `name`'s library (PRELOADS) in the usual folders, the active venv's
+    and conda environment's first; None where it is not installed."""
+    folders = [os.path.join(os.environ[v], "lib") for v in ("VIRTUAL_ENV", "CONDA_PREFIX") if v in os.environ]
+    folders += ["/usr/local/lib", *sorted(glob.glob("/usr/lib/*-linux-gnu")), "/usr/lib64", "/usr/lib"]
+    for library in PRELOADS[name]:
+        for folder in folders:
+            if os.path.isfile(os.path.join(folder, library)):
+                return os.path.join(folder, library)
+    return None
+
+
 def steady_cpu_heap() -> bool:
     """Fix glibc's mmap and trim thresholds (module docstring); False, and nothing changed, where the
-    environment chose one or the C library is not glibc."""
+    environment chose one, the C library is not glibc, or another allocator serves malloc."""
     if chosen_by_environment():
         return False
     try:
@@ -51,6 +98,8 @@ def steady_cpu_heap() -> bool:
         libc.gnu_get_libc_version  # glibc's alone
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # macOS, musl: other allocators, other rules
+        return False
+    if not (malloc_library() or "").startswith("libc.so"):  # a preloaded allocator: glibc's heap is unused
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
