@@ -75,13 +75,13 @@ def one(arm: str, env: dict, data: Path, seq_len: int, micro: int, steps: int) -
             "malloc": handle.ready.get("malloc"), "peak_rss_mib_after_each_step": by_step}
 
 
-def summarize(raw: dict[str, list[dict]], settings: list[str]) -> dict:
+def summarize(raw: dict[str, list[dict]], settings: list[str], arms: list[str]) -> dict:
     med = {name: {k: statistics.median(run[k] for run in runs) for k in ("peak_rss_mib", "step_s", "cpu_s")}
            for name, runs in raw.items()}
     rows = {}
     for setting in settings:
         same = med[f"hf-mlm {setting}"]
-        for arm in ARMS:
+        for arm in arms:
             name = f"{arm} {setting}"
             rows[name] = {"arm": arm, "setting": setting, **med[name],
                           "malloc": sorted({str(run["malloc"]) for run in raw[name]}),
@@ -99,6 +99,7 @@ def summarize(raw: dict[str, list[dict]], settings: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=SETTINGS)
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=ARMS, help="hf-mlm, the reference, always runs")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30, help="measured steps per arm and round")
     parser.add_argument("--seq-len", type=int, default=256)
@@ -108,24 +109,25 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the arm processes
     settings = ["glibc"] + [s for s in args.settings if s != "glibc"]  # the stock step's setting is the reference
+    arms = ["hf-mlm"] + [a for a in args.arms if a != "hf-mlm"]
     envs = {s: environment(s) for s in settings}
     for setting in [s for s in settings if envs[s] is None]:
         print(f"bench: {setting} is not installed (detour.train.heap.PRELOADS); skipped", file=sys.stderr)
         settings.remove(setting)
     start = bench_train.machine_info(args.threads)
-    raw: dict[str, list[dict]] = {f"{arm} {s}": [] for s in settings for arm in ARMS}
+    raw: dict[str, list[dict]] = {f"{arm} {s}": [] for s in settings for arm in arms}
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         subprocess.run([sys.executable, "-m", "detour.cli", "prepare", "synthetic:clinical?docs=400&seed=0",
                         "--tokenizer", "minilm-l6", "--out", str(data)], check=True, capture_output=True)
         for r in range(args.rounds):
             for setting in settings:
-                for arm in ARMS:
+                for arm in arms:
                     name = f"{arm} {setting}"
                     raw[name].append(one(arm, envs[setting], data, args.seq_len, args.micro_batch, args.steps))
                     print(f"  round {r + 1}/{args.rounds} {name:28s} peak {raw[name][-1]['peak_rss_mib']:6.0f} MiB "
                           f"{raw[name][-1]['step_s']:6.2f} s/step  malloc {raw[name][-1]['malloc']}", flush=True)
-    rows = summarize(raw, settings)
+    rows = summarize(raw, settings, arms)
     print(f"{'arm':28s} {'half-way':>9s} {'peak MiB':>9s} {'x same':>7s} {'x stock':>7s} {'step s':>7s} "
           f"{'speed x same':>12s} {'speed x stock':>13s}")
     for name, row in rows.items():

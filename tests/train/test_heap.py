@@ -70,13 +70,16 @@ def test_a_threshold_the_environment_chose_is_kept():
     assert chosen_by_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) is False
 
 
-def test_cpu_training_sets_it(tiny_recipe, tmp_path, monkeypatch):
+def test_cpu_training_sets_it_and_says_how_to_start_on_tcmalloc(tiny_recipe, tmp_path, monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(loop, "steady_cpu_heap", lambda: calls.append(True))
+    monkeypatch.setattr(loop, "allocator_advice", lambda: "start it on tcmalloc")
     recipe = tiny_recipe()
     assert recipe.device in ("cpu", "auto")
     loop.train(recipe, tmp_path / "run", progress=False)
-    assert calls == [True]
+    assert calls == [True] and "tcmalloc" not in capsys.readouterr().err  # quiet without progress
+    loop.train(recipe, tmp_path / "again", progress=True)
+    assert calls == [True, True] and "detour: note: start it on tcmalloc" in capsys.readouterr().err
 
 
 def _tcmalloc() -> str:
@@ -89,14 +92,17 @@ def _tcmalloc() -> str:
     return library
 
 
-NAMES = "from detour.train.heap import malloc_library, steady_cpu_heap; print(malloc_library(), steady_cpu_heap())"
+NAMES = ("from detour.train.heap import allocator_advice, malloc_library, steady_cpu_heap; "
+         "print(malloc_library(), steady_cpu_heap()); print(allocator_advice())")
 
 
 def test_a_process_names_its_malloc_and_leaves_glibcs_heap_alone_under_a_preloaded_one():
     environ = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GLIBC_TUNABLES")
                and not k.startswith("MALLOC_")}
     run = lambda **env: subprocess.run([sys.executable, "-c", NAMES], env={**environ, **env}, capture_output=True,
-                                       text=True, check=True).stdout.split()
-    assert run() == ["libc.so.6", "True"]
+                                       text=True, check=True).stdout.splitlines()
+    names, advice = run()
+    assert names == "libc.so.6 True"
     library = _tcmalloc()
-    assert run(LD_PRELOAD=library) == [os.path.basename(library), "False"]
+    assert f"LD_PRELOAD={library} detour" in advice  # on glibc: the command that starts on tcmalloc
+    assert run(LD_PRELOAD=library) == [f"{os.path.basename(library)} False", "None"]

@@ -1,6 +1,6 @@
 """`detour demo`: a small but complete matched study, from pretrained MiniLM to the report.
 
-    detour demo --out runs/demo                  # 2 CPU cores, no network (6-12.5 min measured on idle cores)
+    detour demo --out runs/demo                  # 2 CPU cores, no network (5.3-12.5 min measured on idle cores)
     detour demo --out runs/demo --dry-run        # its steps and estimates
     detour demo --corpus ../shared/data/corpora/en-biomed/pubmed-abstracts-1mb.txt \
         --tasks ncbi-disease,gad --out runs/demo-real

@@ -22,12 +22,15 @@ nothing is changed; nor on a C library other than glibc, nor where another alloc
 What these thresholds cannot mend is glibc's reuse of freed memory: torch asks for 64-byte-aligned
 blocks (posix_memalign), and glibc's memalign (2.36, Debian 12's) takes a free chunk only when it is
 larger than the request by the alignment and then some, so the hole a freed buffer leaves rarely
-fits the same buffer in the next step and the heap grows around it (glibc's bug 14581). tcmalloc
-reuses such holes; started under it (`LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
-detour train ...`, Debian's libtcmalloc-minimal4), the same steps peak hundreds of MiB lower, the
-same from run to run, and run a little faster (`bench/bench_malloc.py`). An allocator has to be
-chosen when the process starts, so detour does not choose one itself; `malloc_library()` tells which
-one a process runs on.
+fits the same buffer in the next step and the heap grows around it (glibc's bug 14581). For detour's
+MLM step, whose head's buffers change size with each batch's masked rows, it grows all through a run
+(the CLM step's, of fixed sizes, levels off): MiniLM-L6's MLM step at 8 x 256 tokens held 2,236 MiB
+after 30 steps and 2,812 after 150, for about 1,350 in use. tcmalloc reuses such holes; started
+under it (`LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 detour train ...`, Debian's
+libtcmalloc-minimal4), the same steps hold 1,428 MiB, flat after a few steps, and run as fast or
+faster (`bench/bench_malloc.py`). An allocator has to be chosen when the process starts, so detour
+does not choose one itself: `malloc_library()` tells which one a process runs on, and
+`allocator_advice()` is what `detour train` prints on CPU under glibc's.
 """
 
 from __future__ import annotations
@@ -103,3 +106,16 @@ def steady_cpu_heap() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+
+
+def allocator_advice() -> str | None:
+    """What a CPU training run on glibc's malloc could be started with instead (module docstring);
+    None where malloc is not glibc's."""
+    if not (malloc_library() or "").startswith("libc.so"):
+        return None
+    library = installed_allocator("tcmalloc")
+    how = (f"start it as LD_PRELOAD={library} detour ..." if library else
+           "install tcmalloc (Debian/Ubuntu: libtcmalloc-minimal4; conda: gperftools) and start it with "
+           "LD_PRELOAD=<its libtcmalloc_minimal.so.4>")
+    return (f"this CPU run takes its memory from glibc's malloc, whose heap can grow over a run to twice what the "
+            f"run uses; {how} to hold it near that (README: CPU memory)")

@@ -33,7 +33,7 @@ from detour.io import write_json
 from detour.train.branch import branch_start, parent_metrics, stream_continuity
 from detour.train.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
 from detour.train.distributed import DataParallelism, micro_batches, rank_sequences, stand_in_batch
-from detour.train.heap import steady_cpu_heap
+from detour.train.heap import allocator_advice, steady_cpu_heap
 from detour.quiet import quiet_transformers
 from detour.train.metrics import MetricsLog, Progress, write_curves
 from detour.train.schedule import lr_at
@@ -78,6 +78,9 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, progress: bool 
     device = select_device(recipe.device, world.local_rank)
     if device.type == "cpu":
         steady_cpu_heap()  # a step's buffers stay for the next step, not faulted in anew (detour.train.heap)
+        advice = allocator_advice() if progress and world.main else None
+        if advice:
+            print(f"detour: note: {advice}", file=sys.stderr)
     recipe.grad_accumulation(world.size)  # a full step splits evenly; a phase's last one need not
     check_strategy(recipe, world)
     preflight(recipe, out)
