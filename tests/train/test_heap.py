@@ -99,10 +99,21 @@ NAMES = ("from detour.train.heap import allocator_advice, malloc_library, steady
 def test_a_process_names_its_malloc_and_leaves_glibcs_heap_alone_under_a_preloaded_one():
     environ = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GLIBC_TUNABLES")
                and not k.startswith("MALLOC_")}
-    run = lambda **env: subprocess.run([sys.executable, "-c", NAMES], env={**environ, **env}, capture_output=True,
-                                       text=True, check=True).stdout.splitlines()
+
+    def run(**env) -> list[str]:
+        return subprocess.run([sys.executable, "-c", NAMES], env={**environ, **env}, capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+
     names, advice = run()
     assert names == "libc.so.6 True"
     library = _tcmalloc()
     assert f"LD_PRELOAD={library} detour" in advice  # on glibc: the command that starts on tcmalloc
     assert run(LD_PRELOAD=library) == [f"{os.path.basename(library)} False", "None"]
+
+
+def test_an_allocator_in_the_active_environment_comes_before_the_systems(tmp_path, monkeypatch):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libjemalloc.so.2").write_bytes(b"")
+    monkeypatch.setenv("VIRTUAL_ENV", str(tmp_path))
+    monkeypatch.delenv("CONDA_PREFIX", raising=False)
+    assert installed_allocator("jemalloc") == str(tmp_path / "lib" / "libjemalloc.so.2")
