@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from detour.errors import DetourError
 from detour.model.fused_ce import linear_cross_entropy_sum
 from detour.model.load import mlm_head_parts
-from detour.model.objectives import clm_labels, clm_loss, encode, head_loss_sum
+from detour.model.objectives import clm_labels, clm_loss, encode, head_loss_sum, head_rows
 
 N, H, V = 37, 16, 50
 
@@ -144,7 +144,8 @@ def test_clm_head_projects_three_times_not_four(models):
 
     batch = packed_batch([[20, 10], [31]], 32, model.config.vocab_size, config_special_ids(model.config),
                          model.config.pad_token_id, 0)
-    flops, n = _head_flops(model, batch, 7)
+    flops, labelled = _head_flops(model, batch, 7)
+    n = head_rows(labelled)  # the head's rows: padded to a few sizes
     hidden_size, vocab = model.config.hidden_size, model.config.vocab_size
     projection = 2 * n * hidden_size * vocab
     transform = 3 * 2 * n * hidden_size * hidden_size  # dense layer forward + its two gradients
@@ -209,7 +210,7 @@ def test_a_hooked_decoder_runs_as_a_module_with_the_same_loss_and_gradients(mode
         hooked_grads = torch.autograd.grad(hooked.loss_sum, params)
     finally:
         hook.remove()
-    assert sum(rows) == 2 * hooked.n_labels  # each chunk ran forward twice: once more in backward
+    assert sum(rows) == 2 * head_rows(hooked.n_labels)  # each chunk ran forward twice: once more in backward
     assert hooked.loss_sum.item() == pytest.approx(fused_out.loss_sum.item(), rel=1e-5)
     for g, ref in zip(fused_grads, hooked_grads):
         assert (g - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item())

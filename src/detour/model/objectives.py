@@ -66,11 +66,29 @@ def encode(model, batch: dict, causal: bool, input_ids: torch.Tensor | None = No
     )
 
 
+def head_rows(n: int) -> int:
+    """How many rows the head runs for `n` labelled rows: `n` rounded up to an eighth of the power of
+    two below it, so at most 8 sizes an octave, for at most 1/8 more rows (none below 16).
+
+    An MLM step's masked-row count changes every batch; on CPU each new size of the head's buffers
+    is a new request to glibc's malloc, which seldom reuses a freed block for torch's aligned
+    requests and grows its heap around the old ones (detour.train.heap). Padded to a few sizes
+    (zero rows, ignored targets), MiniLM-L6's MLM step held 1,773 MiB of RSS after 55 steps instead
+    of 2,244.
+    """
+    step = 1 << max(n.bit_length() - 4, 0)
+    return -(-n // step) * step
+
+
 def head_loss_sum(model, rows: torch.Tensor, targets: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> torch.Tensor:
     """Sum of cross-entropies of the MLM head on `rows` [N, H] against `targets` [N], chunked."""
     transform, decoder = mlm_head_parts(model)
     if rows.shape[0] == 0:  # keep the graph connected so backward still runs
         return rows.sum() * 0.0
+    pad = head_rows(rows.shape[0]) - rows.shape[0]
+    if pad:
+        rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])
+        targets = torch.cat([targets, targets.new_full((pad,), IGNORE)])
     hidden = transform(rows)  # [N, H]: small next to the logits, so plain autograd
     # a plain Linear is fused (gradients made in forward, none when nothing needs one); a wrapped
     # decoder (adapters, hooks) must run as a module: checkpointed chunks, logits recomputed
