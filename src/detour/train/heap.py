@@ -21,16 +21,16 @@ nothing is changed; nor on a C library other than glibc, nor where another alloc
 
 What these thresholds cannot mend is glibc's reuse of freed memory: torch asks for 64-byte-aligned
 blocks (posix_memalign), and glibc's memalign (2.36, Debian 12's) takes a free chunk only when it is
-larger than the request by the alignment and then some, so the hole a freed buffer leaves rarely
-fits the same buffer in the next step and the heap grows around it (glibc's bug 14581). For detour's
-MLM step, whose head's buffers change size with each batch's masked rows, it grows all through a run
-(the CLM step's, of fixed sizes, levels off): MiniLM-L6's MLM step at 8 x 256 tokens held 2,236 MiB
-after 30 steps and 2,812 after 150, for about 1,350 in use. tcmalloc reuses such holes; started
-under it (`LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 detour train ...`, Debian's
-libtcmalloc-minimal4), the same steps hold 1,428 MiB, flat after a few steps, and run as fast or
-faster (`bench/bench_malloc.py`). An allocator has to be chosen when the process starts, so detour
-does not choose one itself: `malloc_library()` tells which one a process runs on, and
-`allocator_advice()` is what `detour train` prints on CPU under glibc's.
+larger than the request by the alignment and then some, so the hole a freed buffer leaves seldom
+fits a request of another size and the heap grows around it (glibc's bug 14581). detour's head pads
+its rows to a few sizes (detour.model.objectives.head_rows), without which the MLM step's heap grew
+all through a run (MiniLM-L6 at 8 x 256 tokens: 2,765 MiB after 150 steps); with it the step holds
+1,713 MiB after 30 steps, flat, for about 1,350 in use. tcmalloc reuses such holes; started under it
+(`LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 detour train ...`, Debian's
+libtcmalloc-minimal4) the same step holds 1,422 MiB and runs as fast or faster
+(`bench/bench_malloc.py`). An allocator has to be chosen when the process starts, so detour does not
+choose one itself: `malloc_library()` tells which one a process runs on, and `allocator_advice()` is
+what `detour train` prints on CPU under glibc's.
 """
 
 from __future__ import annotations
@@ -117,5 +117,5 @@ def allocator_advice() -> str | None:
     how = (f"start it as LD_PRELOAD={library} detour ..." if library else
            "install tcmalloc (Debian/Ubuntu: libtcmalloc-minimal4; conda: gperftools) and start it with "
            "LD_PRELOAD=<its libtcmalloc_minimal.so.4>")
-    return (f"this CPU run takes its memory from glibc's malloc, whose heap can grow over a run to twice what the "
-            f"run uses; {how} to hold it near that (README: CPU memory)")
+    return (f"this CPU run takes its memory from glibc's malloc, whose heap holds about a quarter more than the "
+            f"run uses; {how} to hold it nearer that, a little faster (README: CPU memory)")
