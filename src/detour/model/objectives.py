@@ -3,7 +3,8 @@
     python -m pytest -q tests/model/test_objectives.py
 
 Both run the encoder body once with the packed-document masks of `detour.model.masks`, then the
-MLM head (transform + decoder tied to the input embeddings) only on the rows that carry a label:
+MLM head (transform + decoder tied to the input embeddings) only on the rows that carry a label,
+padded to a few sizes (`head_rows`, so a CPU run's heap keeps its size from batch to batch):
 the transform by plain autograd, the decoder projection + cross-entropy fused in chunks of rows
 (`detour.model.fused_ce`), whose gradients are made in forward, so the (tokens x vocab) logits are
 never kept and never recomputed.
