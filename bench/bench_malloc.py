@@ -48,12 +48,9 @@ def environment(setting: str) -> dict | None:
         return {}
     if setting == "glibc-mmap-16MiB":
         return {"MALLOC_MMAP_THRESHOLD_": str(16 << 20)}
-    from detour.train.heap import installed_allocator
+    from detour.train.heap import preload_environment
 
-    library = installed_allocator(setting)
-    if library is None:
-        return None
-    return {"LD_PRELOAD": os.pathsep.join(p for p in (library, os.environ.get("LD_PRELOAD", "")) if p)}
+    return preload_environment(setting)
 
 
 def _high_water_mib(pid: int) -> float:

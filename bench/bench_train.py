@@ -466,12 +466,12 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the arm processes
     if args.malloc != "glibc" and not args.worker:
-        from detour.train.heap import installed_allocator
+        from detour.train.heap import preload_environment
 
-        library = installed_allocator(args.malloc)
-        if library is None:
+        preload = preload_environment(args.malloc)
+        if preload is None:
             raise SystemExit(f"bench: --malloc {args.malloc}: its library is not installed (detour.train.heap.PRELOADS)")
-        os.environ["LD_PRELOAD"] = os.pathsep.join(p for p in (library, os.environ.get("LD_PRELOAD")) if p)
+        os.environ.update(preload)
     if args.worker:
         import torch
 

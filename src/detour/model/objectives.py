@@ -74,7 +74,7 @@ def head_rows(n: int) -> int:
     An MLM step's masked-row count changes every batch; on CPU each new size of the head's buffers
     is a new request to glibc's malloc, which seldom reuses a freed block for torch's aligned
     requests and grows its heap around the old ones (detour.train.heap). Padded to a few sizes
-    (zero rows, ignored targets), MiniLM-L6's MLM step held 1,773 MiB of RSS after 55 steps instead
+    (zero rows, ignored targets), MiniLM-L6's MLM step held 1,765 MiB of RSS after 55 steps instead
     of 2,244.
     """
     step = 1 << max(n.bit_length() - 4, 0)

@@ -91,6 +91,19 @@ def installed_allocator(name: str) -> str | None:
     return None
 
 
+def preload_environment(name: str) -> dict[str, str] | None:
+    """The LD_PRELOAD that starts a process on allocator `name`, ahead of any preload already set;
+    None where it is not installed."""
+    library = installed_allocator(name)
+    if library is None:
+        return None
+    return {"LD_PRELOAD": os.pathsep.join(p for p in (library, os.environ.get("LD_PRELOAD")) if p)}
+
+
+def _on_glibc_malloc() -> bool:
+    return (malloc_library() or "").startswith("libc.so")
+
+
 def steady_cpu_heap() -> bool:
     """Fix glibc's mmap and trim thresholds (module docstring); False, and nothing changed, where the
     environment chose one, the C library is not glibc, or another allocator serves malloc."""
@@ -102,7 +115,7 @@ def steady_cpu_heap() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # macOS, musl: other allocators, other rules
         return False
-    if not (malloc_library() or "").startswith("libc.so"):  # a preloaded allocator: glibc's heap is unused
+    if not _on_glibc_malloc():  # a preloaded allocator: glibc's heap is unused
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
@@ -111,7 +124,7 @@ def steady_cpu_heap() -> bool:
 def allocator_advice() -> str | None:
     """What a CPU training run on glibc's malloc could be started with instead (module docstring);
     None where malloc is not glibc's."""
-    if not (malloc_library() or "").startswith("libc.so"):
+    if not _on_glibc_malloc():
         return None
     library = installed_allocator("tcmalloc")
     how = (f"start it as LD_PRELOAD={library} detour ..." if library else
