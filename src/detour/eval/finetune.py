@@ -407,11 +407,13 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
 
 
 def _linear_schedule(optimizer, prep: PreparedTask):
-    """Linear warm-up over the spec's warmup_ratio of all steps, then linear decay to 0 (as the HF Trainer)."""
+    """Linear warm-up over the spec's warmup_ratio of all steps (rounded up), from 0 at the first step,
+    then linear decay to 0: the HF Trainer's `linear` schedule, step for step (detour.eval.reference
+    checks it)."""
     total = math.ceil(len(prep.features["train"]) / prep.batch_size) * prep.epochs
-    warmup = int(prep.spec.training.warmup_ratio * total)
+    warmup = math.ceil(prep.spec.training.warmup_ratio * total)
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
+        optimizer, lambda s: s / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
     )
 
 

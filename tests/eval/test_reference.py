@@ -1,0 +1,63 @@
+"""detour's fine-tuning loop against the Hugging Face Trainer's, on the same network, initial weights,
+batches and dropout draws (detour.eval.reference): every training step's loss is the same, bit for
+bit, for a token task and a sentence task with warm-up, weight decay and gradient clipping at work."""
+
+import pytest
+import torch
+
+from detour.eval.finetune import Budget, finetune, prepare_task
+from detour.eval.tasks import TaskSpec
+
+pytest.importorskip("accelerate", reason="the Trainer needs accelerate (pip install -e '.[test]')")
+
+
+def tiny_bert_folder(tmp_path, minilm_tokenizer) -> str:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=minilm_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    folder = tmp_path / "tiny-bert"
+    BertModel(config).save_pretrained(folder)
+    minilm_tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def ner_spec(tmp_path) -> TaskSpec:
+    drugs = ["aspirin", "warfarin", "heparin", "insulin", "metformin"]
+    sentences = []
+    for i in range(40):
+        words = ["the\tO", "patient\tO"] * (i % 4) + ["received\tO", f"{drugs[i % 5]}\tB-Drug"]
+        words += ["sodium\tI-Drug"] * (i % 2) + ["today\tO"]
+        sentences.append("\n".join(words))
+    (tmp_path / "ner.iob").write_text("\n\n".join(sentences) + "\n")
+    return TaskSpec(name="toy-ner", type="ner", format="iob", data={"all": "ner.iob"}, root=str(tmp_path),
+                    max_length=32, training={"epochs": 2, "batch_size": 4, "lr": 3e-3, "weight_decay": 0.1})
+
+
+def cls_spec(tmp_path) -> TaskSpec:
+    words = ("fever cough infection".split(), "fracture fall trauma".split())
+    rows = ["sentence\tlabel"] + [" ".join((words[i % 2] * 6)[: 1 + (i * 5) % 16]) + f"\t{i % 2}" for i in range(60)]
+    (tmp_path / "cls.tsv").write_text("\n".join(rows))
+    return TaskSpec(name="toy-cls", type="classification", format="tsv", data={"all": "cls.tsv"}, root=str(tmp_path),
+                    max_length=32, training={"epochs": 2, "batch_size": 8, "lr": 3e-3, "weight_decay": 0.1,
+                                             "warmup_ratio": 0.3})
+
+
+@pytest.mark.parametrize("make_spec", [ner_spec, cls_spec], ids=["ner", "classification-with-warmup"])
+def test_detours_loop_trains_as_the_hf_trainers_loop_step_for_step(tmp_path, minilm_tokenizer, make_spec):
+    from detour.eval.reference import trainer_finetune
+
+    model = tiny_bert_folder(tmp_path, minilm_tokenizer)
+    prep = prepare_task(make_spec(tmp_path), model, Budget())
+    losses = []
+    ours = finetune(model, prep, seed=3, device="cpu", on_step=losses.append)
+    theirs = trainer_finetune(model, prep, seed=3)
+    assert len(losses) == len(theirs["losses"]) == 2 * -(-len(prep.features["train"]) // prep.batch_size)
+    # step for step and bit for bit: any difference in the optimizer, its weight-decay groups, the
+    # schedule, the clipping or the loss moves the losses from the second step on
+    assert losses == theirs["losses"]
+    assert losses[0] != losses[-1]  # it trained
+    assert ours["validation"] == theirs["validation"]
+    assert ours["selected_epoch"] == theirs["selected_epoch"]
+    assert ours["metrics"] == theirs["metrics"]
