@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import time
 
 import torch
 from torch import nn
@@ -66,7 +67,8 @@ class _Order(torch.utils.data.Sampler):
 def trainer_finetune(model_name: str, prep: PreparedTask, seed: int, device: str = "cpu") -> dict:
     """`finetune(model_name, prep, seed)` with the training loop of `transformers.Trainer`; returns the
     test metrics at the best validation epoch, the epoch, the validation history,
-    every step's training loss and the selected epoch's weights."""
+    every step's training loss, the selected epoch's weights and the seconds inside the epochs
+    (`timings.train_s`, as finetune's)."""
     from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
     if prep.spec.training.head_lr:
@@ -80,12 +82,17 @@ def trainer_finetune(model_name: str, prep: PreparedTask, seed: int, device: str
     head_key = prep.spec.headline
     best = {"score": -math.inf, "epoch": 0, "weights": None}
     history = []
+    clock = {"train_s": 0.0, "start": 0.0}
 
     class EpochEnd(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             torch.set_rng_state(after_init)
 
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            clock["start"] = time.perf_counter()
+
         def on_epoch_end(self, args, state, control, **kwargs):
+            clock["train_s"] += time.perf_counter() - clock["start"]  # the epoch's steps, before its validation
             epoch = len(history) + 1
             score = evaluate(model, prep, "validation", device)[head_key]
             history.append({"epoch": epoch, head_key: score})
@@ -116,4 +123,4 @@ def trainer_finetune(model_name: str, prep: PreparedTask, seed: int, device: str
         trainer.train()
     model.load_trainable_state(best["weights"])
     return {"metrics": evaluate(model, prep, "test", device), "selected_epoch": best["epoch"], "validation": history,
-            "losses": wrapped.losses, "weights": best["weights"]}
+            "losses": wrapped.losses, "weights": best["weights"], "timings": {"train_s": round(clock["train_s"], 3)}}
