@@ -115,6 +115,7 @@ def trainer_finetune(model_name: str, prep: PreparedTask, seed: int, device: str
             lr_scheduler_type="linear", max_grad_norm=1.0, optim="adamw_torch_fused", seed=seed,
             eval_strategy="no", save_strategy="no", logging_strategy="no", report_to=[], disable_tqdm=True,
             dataloader_num_workers=0, remove_unused_columns=False, use_cpu=torch.device(device).type == "cpu",
+            bf16=torch.device(device).type == "cuda",  # finetune's bf16 autocast on CUDA
         )
         wrapped = _TrainerModel(model)
         trainer = OrderedTrainer(model=wrapped, args=args, train_dataset=range(len(prep.tensors["train"])),
