@@ -279,7 +279,7 @@ def main() -> int:
     print(f"\ntarget {target['description']}: {'met' if target['met'] else 'NOT met'}"
           + (f" (failed: {', '.join(target['failed'])})" if target["failed"] else ""))
     print(f"{target['cells_beyond_alpha_plus_2_se']} of {target['cells']} cells beyond alpha + 2 Monte-Carlo s.e. "
-          "(a test exactly at its level lands there in about one cell of 44)")
+          "(a test exactly at its level lands there in 2-3% of cells)")
     print(f"{len(rows)} rows in {wall:.0f} s")
     if args.quick:
         return 0
