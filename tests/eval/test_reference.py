@@ -1,6 +1,7 @@
 """detour's fine-tuning loop against the Hugging Face Trainer's, on the same network, initial weights,
 batches and dropout draws (detour.eval.reference): every training step's loss is the same, bit for
-bit, for a token task and a sentence task with warm-up, weight decay and gradient clipping at work."""
+bit, for a token task and a sentence task with warm-up, weight decay and gradient clipping at work,
+on a BERT and on a ModernBERT (whose norms carry no bias: the weight-decay groups are by name)."""
 
 import pytest
 import torch
@@ -44,11 +45,25 @@ def cls_spec(tmp_path) -> TaskSpec:
                                              "warmup_ratio": 0.3})
 
 
-@pytest.mark.parametrize("make_spec", [ner_spec, cls_spec], ids=["ner", "classification-with-warmup"])
-def test_detours_loop_trains_as_the_hf_trainers_loop_step_for_step(tmp_path, minilm_tokenizer, make_spec):
+def tiny_modernbert_folder(tmp_path, minilm_tokenizer) -> str:
+    from transformers import ModernBertModel
+
+    from tests.conftest import tiny_modernbert_config
+
+    torch.manual_seed(0)
+    folder = tmp_path / "tiny-modernbert"
+    ModernBertModel(tiny_modernbert_config(vocab_size=minilm_tokenizer.vocab_size)).save_pretrained(folder)
+    minilm_tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("make_model, make_spec", [(tiny_bert_folder, ner_spec), (tiny_bert_folder, cls_spec),
+                                                   (tiny_modernbert_folder, cls_spec)],
+                         ids=["bert-ner", "bert-classification-with-warmup", "modernbert-classification-with-warmup"])
+def test_detours_loop_trains_as_the_hf_trainers_loop_step_for_step(tmp_path, minilm_tokenizer, make_model, make_spec):
     from detour.eval.reference import trainer_finetune
 
-    model = tiny_bert_folder(tmp_path, minilm_tokenizer)
+    model = make_model(tmp_path, minilm_tokenizer)
     prep = prepare_task(make_spec(tmp_path), model, Budget())
     losses = []
     ours = finetune(model, prep, seed=3, device="cpu", on_step=losses.append)
