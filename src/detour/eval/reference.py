@@ -108,6 +108,7 @@ def trainer_finetune(model_name: str, prep: PreparedTask, seed: int, device: str
                                                collate_fn=train.batch, generator=torch.Generator())
 
     t = prep.spec.training
+    # warmup_steps below 1 is a share of all steps (transformers 5); the spec's warmup_ratio is below 1
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(
             output_dir=tmp, learning_rate=prep.lr, per_device_train_batch_size=prep.batch_size,
