@@ -76,3 +76,25 @@ def test_detours_loop_trains_as_the_hf_trainers_loop_step_for_step(tmp_path, min
     assert ours["validation"] == theirs["validation"]
     assert ours["selected_epoch"] == theirs["selected_epoch"]
     assert ours["metrics"] == theirs["metrics"]
+
+
+@pytest.mark.parametrize("task", ["quaero-emea", "hoc"])
+def test_the_span_and_multilabel_heads_train_as_under_the_trainers_loop(task, tmp_path, minilm_tokenizer, shared_data,
+                                                                        monkeypatch):
+    """The nested-NER span head (its grid travels as one batch key per width) and the multi-label
+    head (weighted BCE) on real task files: the same losses, step for step."""
+    from detour.eval.reference import trainer_finetune
+    from detour.eval.tasks import load_spec
+
+    monkeypatch.setenv("DETOUR_DATA_ROOT", str(shared_data))
+    model = tiny_bert_folder(tmp_path, minilm_tokenizer)
+    spec = load_spec(task, shared_data)
+    # the Trainer has one learning rate for all weights: no head_lr (quaero-emea's spec sets one)
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"head_lr": None})})
+    prep = prepare_task(spec, model, Budget(epochs=2, max_train=24, max_eval=8, max_length=48, lr=3e-3, batch_size=8))
+    losses = []
+    ours = finetune(model, prep, seed=1, device="cpu", on_step=losses.append)
+    theirs = trainer_finetune(model, prep, seed=1)
+    assert len(losses) == 2 * -(-len(prep.features["train"]) // 8)  # a long line is cut into several inputs
+    assert losses == theirs["losses"]
+    assert ours["metrics"] == theirs["metrics"]

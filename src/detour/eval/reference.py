@@ -28,20 +28,16 @@ from detour.eval.finetune import PreparedTask, build_model, evaluate, seed_every
 
 
 class _TrainerModel(nn.Module):
-    """detour's encoder + head with the Trainer's calling convention: batch keys as arguments, a
-    dict with `loss` back. No `**kwargs`, so the Trainer hands the model no loss-scaling arguments
-    and takes the head's loss as it is, as detour's loop does."""
+    """detour's encoder + head with the Trainer's calling convention: batch keys as arguments (the
+    labels under whatever keys the task type uses), a dict with `loss` back, the head's loss as it is."""
 
     def __init__(self, inner: nn.Module):
         super().__init__()
         self.inner = inner
         self.losses: list[float] = []  # each training step's loss, as finetune's on_step sees them
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None, token_labels=None, label=None,
-                label_vector=None):
-        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
-                 "token_labels": token_labels, "label": label, "label_vector": label_vector}
-        logits, loss = self.inner({k: v for k, v in given.items() if v is not None})
+    def forward(self, input_ids, attention_mask, **batch):
+        logits, loss = self.inner({"input_ids": input_ids, "attention_mask": attention_mask, **batch})
         if self.training:
             self.losses.append(loss.item())
         return {"loss": loss, "logits": logits}
@@ -122,6 +118,9 @@ def trainer_finetune(model_name: str, prep: PreparedTask, seed: int, device: str
         trainer = OrderedTrainer(model=wrapped, args=args, train_dataset=range(len(prep.tensors["train"])),
                                  callbacks=[EpochEnd()])
         trainer.remove_callback(PrinterCallback)  # its end-of-training summary on stdout
+        # The head's loss is already the mean finetune takes: no loss keywords for the model, which a
+        # forward taking **batch would otherwise count as accepting.
+        trainer.model_accepts_loss_kwargs = False
         trainer.train()
     model.load_trainable_state(best["weights"])
     return {"metrics": evaluate(model, prep, "test", device), "selected_epoch": best["epoch"], "validation": history,
