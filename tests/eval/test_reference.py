@@ -1,7 +1,8 @@
 """detour's fine-tuning loop against the Hugging Face Trainer's, on the same network, initial weights,
 batches and dropout draws (detour.eval.reference): every training step's loss is the same, bit for
 bit, for a token task and a sentence task with warm-up, weight decay and gradient clipping at work,
-on a BERT and on a ModernBERT (whose norms carry no bias: the weight-decay groups are by name)."""
+on a BERT and on a ModernBERT (whose norms carry no bias: the weight-decay groups are by name), and
+for the span and multi-label heads on real task files."""
 
 import pytest
 import torch
