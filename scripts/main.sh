@@ -13,6 +13,6 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q -e .
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # tcmalloc, where it is installed, holds CPU training near the memory it uses (README: CPU memory)
-tcmalloc=$(.venv/bin/python -c "from detour.train.heap import installed_allocator; print(installed_allocator('tcmalloc') or '')")
-if [ -n "$tcmalloc" ]; then export LD_PRELOAD="$tcmalloc${LD_PRELOAD:+:$LD_PRELOAD}"; fi
+preload=$(.venv/bin/python -c "from detour.train.heap import preload_environment as p; print((p('tcmalloc') or {}).get('LD_PRELOAD', ''))")
+if [ -n "$preload" ]; then export LD_PRELOAD="$preload"; fi
 .venv/bin/detour demo --out "${OUT:-runs/demo}" "$@"
