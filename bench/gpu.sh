@@ -10,8 +10,8 @@
 # machine) are installed into a temporary folder first, each only where the image lacks that
 # distribution or has an older version of it.
 #
-# Steps, with the time each may take before it is stopped (estimates from the work each does, not
-# yet measured on a GPU; full run / --quick):
+# Steps, with the time each may take before it is stopped (full run / --quick; a full run took
+# 2.5 minutes on one H200, bench/results/gpu-20261204-h200/):
 #   1/4 versions    python, torch, CUDA, transformers, tokenizers, GPU             30 s /  30 s
 #   2/4 tests       pytest tests/model/test_varlen.py (the CUDA kernel test too)  120 s /  50 s
 #   3/4 attention   bench_gpu.py --parts attention: sdpa-dense vs varlen, seq 8192 150 s /  40 s

@@ -43,15 +43,23 @@ def varlen_models(tokenizer_dir):
 
 @pytest.fixture
 def reference_calls(monkeypatch):
-    """Counts the varlen function's per-document calls, so a parity test knows varlen really ran."""
+    """Counts the varlen path's calls, so a parity test knows varlen really ran: the per-document
+    reference (CPU, fp32) and, where torch has it, the CUDA kernel (training on a GPU autocasts)."""
     calls = []
-    real = varlen.reference_attention
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+    def counting(real):
+        def counted(*args, **kwargs):
+            calls.append(1)
+            return real(*args, **kwargs)
+        return counted
 
-    monkeypatch.setattr(varlen, "reference_attention", counted)
+    monkeypatch.setattr(varlen, "reference_attention", counting(varlen.reference_attention))
+    try:
+        from torch.nn.attention import varlen as torch_varlen
+    except ImportError:
+        torch_varlen = None
+    if torch_varlen is not None and hasattr(torch_varlen, "varlen_attn"):
+        monkeypatch.setattr(torch_varlen, "varlen_attn", counting(torch_varlen.varlen_attn))
     return calls
 
 
@@ -240,4 +248,7 @@ def test_cli_trains_the_tiny_recipe_with_varlen_as_with_sdpa(tokenizer_dir, tmp_
         losses[attn] = [r["loss"] for r in records if "loss" in r]
     assert calls["varlen"] > 0 and calls["sdpa"] == 0  # the recipe's field reached the model
     assert len(losses["varlen"]) == len(losses["sdpa"]) >= 6  # CLM steps, then MLM steps
-    assert max(abs(a - b) for a, b in zip(losses["varlen"], losses["sdpa"])) <= 1e-4
+    # fp32 on the CPU: the two differ only in the order of sums. On a GPU training autocasts to bf16,
+    # whose rounding (8 bits of mantissa) the two kernels take in different places.
+    tolerance = 1e-2 if torch.cuda.is_available() else 1e-4
+    assert max(abs(a - b) for a, b in zip(losses["varlen"], losses["sdpa"])) <= tolerance
