@@ -359,7 +359,7 @@ def _card_intro(card: dict, model, suffix: str, stage: str) -> list[str]:
             "mlm": "with masked language modelling (MLM)"}[arm]
     arm_label = {"detour": "CLM detour", "baseline": "MLM baseline", "mlm": "MLM-only"}[arm]
     lines += [f"The **{arm_label}** arm of recipe `{recipe_name}`: a `{type(model).__name__}` "
-              f"({model.config.model_type}) {'continued-pretrained' if card.get('base_model') else 'trained'} from "
+              f"({model.config.model_type}) {'continued-pretrained' if card.get('base_model') else 'pretrained from scratch'} from "
               f"{_base_text(card, model)} {what}"
               + (f": {_phase_list(phases)}." if phases else "."), ""]
     lines += _fresh_head_text(card)

@@ -76,9 +76,9 @@ def estimates(spec, steps) -> dict[str, str]:
     out = {}
     params = embeddings = None
     for step in steps:
-        if step.kind == "train":
-            try:
-                params, embeddings = parameter_count(json.dumps(step.recipe.model.model_dump()))
+        if step.kind in ("train", "base"):
+            try:  # an arm that starts from the study's base: the base's config, before the base exists
+                params, embeddings = parameter_count(json.dumps((step.stand_in or step.recipe).model.model_dump()))
             except Exception:  # e.g. a hub model not on this machine: no estimate rather than no dry run
                 continue
             points, forward_tokens = validation_cost(step.recipe)

@@ -50,6 +50,9 @@ class Step:
     hash_of: Path | None = None  # the output whose hash downstream keys use (a model folder or a file)
     tokens: int = 0  # training tokens this step runs (for the estimate)
     recipe: Recipe | None = None
+    # the recipe as it can be checked before the study's base exists: its model section is the base's
+    # (config and tokenizer), so the depth, freezes and estimates are known without the weights
+    stand_in: Recipe | None = None
 
 
 def source_argument(spec: StudySpec, source: str) -> str:
@@ -86,14 +89,45 @@ def _local_inputs(arguments: list[str]) -> list[Path]:
     return out
 
 
-def build_arms(spec: StudySpec, out: Path) -> dict[str, Recipe]:
-    """Arm name -> its resolved recipe (data from the study's prepared folders, branch points set)."""
+BASE = "base"  # the step, and the folder OUT/base/, of the encoder a study pretrains itself
+
+
+def _data_override(out: Path, names: list[str] | None) -> list[str]:
+    if not names:
+        return []
+    return ["data.sources=" + json.dumps([{"path": str((out / "data" / name).resolve())} for name in names])]
+
+
+def build_base(spec: StudySpec, out: Path) -> Recipe | None:
+    """The recipe of the study's own base encoder (every phase MLM), or None when the arms start from
+    the recipe's model."""
+    if spec.base is None:
+        return None
+    recipe = load_recipe(spec.path(spec.base.recipe), [*spec.base.set, *_data_override(out, spec.base.data)])
+    recipe.grad_accumulation()
+    for i, phase in enumerate(recipe.phases):
+        if phase.objective != "mlm":
+            raise DetourError(f"base.recipe: phases.{i} ({phase.name}) is {phase.objective.upper()}: a study's base "
+                              "encoder is pretrained with MLM in every phase, so that every arm starts from a masked "
+                              "LM with its own head")
+    return recipe
+
+
+def base_model_dir(out: Path) -> Path:
+    return RunFolder(Path(out).resolve() / BASE).model
+
+
+def build_arms(spec: StudySpec, out: Path, base: Recipe | None = None) -> dict[str, Recipe]:
+    """Arm name -> its resolved recipe (data from the study's prepared folders, branch points set; with a
+    study base, every arm starts from its export, OUT/base/model)."""
     from detour.train import twins
 
-    overrides = list(spec.train.set)
-    if spec.train.data:
-        sources = [{"path": str((out / "data" / name).resolve())} for name in spec.train.data]
-        overrides.append("data.sources=" + json.dumps(sources))
+    overrides = list(spec.train.set) + _data_override(out, spec.train.data)
+    if base is not None:
+        # the base's export carries its tokenizer; naming the base recipe's keeps the arms' tokenizer
+        # checkable before the base exists
+        overrides += [f"model.source={base_model_dir(out)}", "model.config=null",
+                      "model.tokenizer=" + json.dumps(base.model.tokenizer or base.model.source)]
     recipe = load_recipe(spec.path(spec.train.recipe), overrides)
     recipe.grad_accumulation()
     freezes = [a.freeze for a in spec.arms.values() if a.freeze and not a.set]
@@ -132,9 +166,12 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
     analyses, the evaluations (the long part of a study on CPU, so last but the report), the report."""
     out = Path(out).resolve()  # keys see paths inside it as $STUDY/...
     steps = _prepare_steps(spec, out)
-    arms = build_arms(spec, out)
+    base = build_base(spec, out)
+    arms = build_arms(spec, out, base)
     _check_validation_split(spec, arms)
-    steps += _train_steps(out, arms, prepared=[f"prepare:{n}" for n in (spec.train.data or [])])
+    if base is not None:
+        steps.append(_base_step(out, base, prepared=[f"prepare:{n}" for n in (spec.base.data or [])]))
+    steps += _train_steps(out, arms, prepared=[f"prepare:{n}" for n in (spec.train.data or [])], base=base)
     steps.append(Step("streams", "streams", deps=[f"train:{n}" for n in arms], outputs=[out / TWINS_FILE],
                       hash_of=out / TWINS_FILE))
     evaluations = _eval_steps(spec, out, arms) if spec.eval is not None else []
@@ -187,19 +224,35 @@ def _prepare_steps(spec: StudySpec, out: Path) -> list[Step]:
     return steps
 
 
-def _train_steps(out: Path, arms: dict, prepared: list[str]) -> list[Step]:
+def _base_step(out: Path, base: Recipe, prepared: list[str]) -> Step:
+    run = RunFolder(out / BASE)
+    return Step(BASE, "base", argv=["train", str(out / ".study" / "recipes" / f"{BASE}.json"), "--out", str(run.root),
+                                    "--resume"],
+                deps=list(prepared), spec={"recipe": recipe_to_dict(base)}, outputs=[run.summary, run.model],
+                hash_of=run.model, tokens=_train_tokens(base), recipe=base)
+
+
+def stand_in(recipe: Recipe, base: Recipe) -> Recipe:
+    """`recipe` with the base's model section: what can be checked of an arm before its base is trained."""
+    tree = recipe_to_dict(recipe)
+    tree["model"] = {**recipe_to_dict(base)["model"], "attn_implementation": recipe.model.attn_implementation}
+    return recipe_from_dict(tree, "(an arm checked against the study's base recipe)")
+
+
+def _train_steps(out: Path, arms: dict, prepared: list[str], base: Recipe | None = None) -> list[Step]:
     steps = []
     recipes_dir = out / ".study" / "recipes"
     for name, recipe in arms.items():
         run = RunFolder(out / "arms" / name)
-        deps = list(prepared)
+        deps = list(prepared) + ([BASE] if base is not None else [])
         if recipe.branch is not None:
             deps.append(f"train:{Path(recipe.branch.run).name}")
         steps.append(Step(f"train:{name}", "train",
                           argv=["train", str(recipes_dir / f"{name}.json"), "--out", str(run.root), "--resume"],
                           deps=deps, spec={"recipe": recipe_to_dict(recipe)},
                           outputs=[run.summary, run.model], hash_of=run.model,
-                          tokens=_train_tokens(recipe), recipe=recipe))
+                          tokens=_train_tokens(recipe), recipe=recipe,
+                          stand_in=stand_in(recipe, base) if base is not None else None))
     return steps
 
 

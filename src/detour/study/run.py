@@ -35,7 +35,7 @@ from detour.errors import DetourError
 from detour.io import write_json, write_text
 from detour.lock import folder_lock
 from detour.stop import RESUMABLE_EXIT, die_with_parent, stop_signals_to
-from detour.study.graph import SYNTHETIC_TASK, Step, build_steps, output_hash, step_key
+from detour.study.graph import BASE, SYNTHETIC_TASK, Step, build_steps, output_hash, step_key
 from detour.study.hashes import ContentHashes
 from detour.study.spec import StudySpec, load_study
 from detour.runs import TWINS_FILE, RunFolder
@@ -116,6 +116,16 @@ def describe_arm(spec: StudySpec, name: str, recipe) -> dict:
     return out
 
 
+def describe_base(recipe) -> dict:
+    """The study's own base encoder, as the report and the capacity comparison describe it."""
+    model = recipe.model
+    start = f"a {model.config.get('model_type')} built from model.config (random initial weights)" \
+        if model.config is not None else f"`{model.source}`"
+    phases = ", then ".join(f"{p.name} MLM {p.mask_rate:.0%} {p.tokens:,} tokens" for p in recipe.phases)
+    return {"description": f"pretrained by the study from {start}: {phases}", "config": model.config,
+            "tokens": sum(p.tokens for p in recipe.phases), "seed": recipe.seed}
+
+
 def is_synthetic(spec: StudySpec, recipes: dict) -> bool:
     """Synthetic pretraining text or a synthetic task anywhere in the study."""
     sources = [s for p in spec.prepare.values() for s in p.sources]
@@ -146,7 +156,12 @@ def write_design(spec: StudySpec, out: Path, steps: list[Step]) -> None:
         "analyses": spec.analyses.model_dump(exclude_none=True),
         "steps": [s.name for s in steps],
     }
+    base = next((s for s in steps if s.kind == "base"), None)
+    if base is not None:
+        design["base"] = describe_base(base.recipe)
     write_json(out / "study.json", design)
+    if base is not None:
+        recipes = {BASE: base.recipe, **recipes}
     for name, recipe in recipes.items():
         from detour.config import recipe_to_dict
 
@@ -195,9 +210,9 @@ def run_command(argv: list[str], log_path: Path, child: _Child) -> int:
 
 def clear_stale(step: Step, out: Path) -> None:
     """A training run of another recipe cannot be resumed: its folder (the study's own) goes."""
-    if step.kind != "train":
+    if step.kind not in ("train", "base"):
         return  # eval keeps what still matches (its own cache); analyses and prepare overwrite
-    folder = out / "arms" / step.name.split(":", 1)[1]
+    folder = out / BASE if step.kind == "base" else out / "arms" / step.name.split(":", 1)[1]
     if folder.is_dir() and RunFolder(folder).is_run():
         with folder_lock(folder):  # never under a training that still runs there (FolderLocked names it)
             print(f"  replacing {folder}: its inputs changed", flush=True)
@@ -307,6 +322,10 @@ def print_plan(spec: StudySpec, out: Path, steps: list[Step]) -> None:
 
 
 def run_study(spec: StudySpec, out: Path, dry_run: bool = False) -> int:
+    if spec.sizes is not None:  # one study per size, then the comparison across them
+        from detour.study.sizes import run_sizes
+
+        return run_sizes(spec, out, dry_run, run_study)
     if out.exists() and not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / ".study").is_dir():
@@ -317,9 +336,12 @@ def run_study(spec: StudySpec, out: Path, dry_run: bool = False) -> int:
 
     prepared = {str((out / "data" / n).resolve()) for n in spec.prepare}
     for step in steps:  # every arm's inputs that exist before anything runs
+        if step.kind == "base":
+            preflight(step.recipe, out / BASE, data=not {s.path for s in step.recipe.data.sources} <= prepared)
         if step.kind == "train":
             in_study = {s.path for s in step.recipe.data.sources} <= prepared
-            preflight(step.recipe, out / "arms" / step.name.split(":", 1)[1], data=not in_study,
+            # an arm that starts from the study's base is checked against the base's recipe until it exists
+            preflight(step.stand_in or step.recipe, out / "arms" / step.name.split(":", 1)[1], data=not in_study,
                       parent=step.recipe.branch is None or not step.recipe.branch.run.startswith(str(out.resolve())))
     if dry_run:
         print_plan(spec, out.resolve(), steps)

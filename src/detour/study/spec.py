@@ -67,6 +67,24 @@ class TrainSpec(_Strict):
     data: list[str] | None = Field(None, description="names of `prepare` entries to train on, replacing the recipe's data.sources")
 
 
+class BaseSpec(_Strict):
+    """An encoder the study pretrains itself (an MLM recipe, typically from a `model.config`): exported as
+    a stock masked LM with its head into OUT/base/model, it is where every arm starts."""
+
+    recipe: str = Field(description="the base's recipe file: every phase MLM (pretraining from scratch or continued)")
+    set: list[str] = Field(default_factory=list, description="recipe overrides, KEY=VALUE as with --set")
+    data: list[str] | None = Field(None, description="names of `prepare` entries to pretrain on, replacing the recipe's data.sources")
+
+
+class SizeSpec(_Strict):
+    """One model size of a study run at several sizes: overrides of the base's recipe (its model.config)
+    and of the arms' recipe; the study runs once per size, into OUT/sizes/NAME/."""
+
+    set: list[str] = Field(default_factory=list, description="overrides of the base recipe, e.g. model.config.hidden_size=256")
+    train_set: list[str] = Field(default_factory=list, description="overrides of the arms' recipe at this size (e.g. the peak lr)")
+    description: str | None = None
+
+
 class ArmSpec(_Strict):
     """An extra arm: the detour's (or the baseline's) recipe with overrides."""
 
@@ -148,6 +166,9 @@ class StudySpec(_Strict):
     name: str
     description: str = ""
     prepare: dict[str, PrepareSpec] = Field(default_factory=dict)
+    base: BaseSpec | None = Field(None, description="pretrain the encoder the arms start from (OUT/base/)")
+    sizes: dict[str, SizeSpec] | None = Field(None, description="run the study at each of these model sizes, "
+                                                                  "then compare them (needs base)")
     train: TrainSpec
     arms: dict[str, ArmSpec] = Field(default_factory=dict)
     eval: EvalSpec | None = None
@@ -155,9 +176,11 @@ class StudySpec(_Strict):
     report: bool = True
     root: str = Field("", description="the study file's folder (set by the loader)")
 
-    @field_validator("prepare", "arms")
+    @field_validator("prepare", "arms", "sizes")
     @classmethod
-    def _names(cls, value: dict) -> dict:
+    def _names(cls, value: dict | None) -> dict | None:
+        if value is None:
+            return value
         for name in value:
             if not NAME.match(name) or name in ("detour", "baseline"):
                 raise ValueError(f"{name!r} is not usable as a name (letters, digits, . _ -; not detour or baseline)")
@@ -213,6 +236,19 @@ def check_references(spec: StudySpec, where: Path) -> None:
         if name not in spec.prepare:
             raise DetourError(f"study file {where}: train.data.{i}: {name!r} is not a `prepare` entry "
                               f"(entries: {', '.join(spec.prepare) or 'none'})")
+    if spec.base is not None:
+        if not spec.path(spec.base.recipe).is_file():
+            raise DetourError(f"study file {where}: base.recipe: {spec.path(spec.base.recipe)} not found")
+        for i, name in enumerate(spec.base.data or []):
+            if name not in spec.prepare:
+                raise DetourError(f"study file {where}: base.data.{i}: {name!r} is not a `prepare` entry "
+                                  f"(entries: {', '.join(spec.prepare) or 'none'})")
+    if spec.sizes is not None:
+        if spec.base is None:
+            raise DetourError(f"study file {where}: sizes: a study at several sizes pretrains each size's encoder: "
+                              "give `base` (its recipe, with the sizes' model.config overrides in sizes.NAME.set)")
+        if not spec.sizes:
+            raise DetourError(f"study file {where}: sizes: name at least one size")
     for name, arm in spec.arms.items():
         if not arm.set and not arm.freeze:
             raise DetourError(f"study file {where}: arms.{name}: give `set` overrides or `freeze` (or it is the {arm.base})")

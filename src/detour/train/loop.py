@@ -197,8 +197,20 @@ def _starting_state(recipe: Recipe, ckpt, branch_ckpt, branch, model, optimizer,
         state["branch"] = branch
         stream.load_state_dict(state["sampler"])
         log.write_many(parent_metrics(Path(recipe.branch.run), state["global_step"]))
-        return state
-    return fresh_state(world.size)
+        return state  # its "start" is its parent's: the weights the whole lineage began from
+    state = fresh_state(world.size)
+    state["start"] = starting_weights(recipe)
+    return state
+
+
+def starting_weights(recipe: Recipe) -> dict[str, Any]:
+    """What the run started from, for the twins check that every arm began from the same weights: a
+    pretrained source's weight files hashed (as the study hashes a model), or a config's seed."""
+    from detour.model.load import weights_hash
+
+    if recipe.model.source is not None:
+        return {"source": recipe.model.source, "weights_hash": weights_hash(recipe.model.source)}
+    return {"config": recipe.model.config.get("model_type"), "seed": recipe.seed}
 
 
 def _count_step(state: dict, record: dict, n_tokens: int, loss: float) -> None:
@@ -451,6 +463,8 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
     synthetic = any(_describe_source(s.path, s.weight).get("synthetic") for s in recipe.data.sources)
     summary = {"recipe": recipe.name, "seed": recipe.seed, "model": str(final), "synthetic_data": synthetic,
                "global_steps": state["global_step"], "global_tokens": state["global_tokens"], "phases": phases}
+    if state.get("start"):
+        summary["start"] = state["start"]
     if state.get("branch"):
         summary["branch"] = dict(state["branch"], stream_continues_parent=stream_continuity(state["branch"], phases))
     return summary

@@ -120,9 +120,10 @@ SCHEMA = "detour.twins/2"  # 2: checks.mlm_masks_equal is null when no phase's m
 
 _CHECK_WORDS = {"tokens_equal": "same token counts", "stream_hashes_equal": "same token stream",
                 "mlm_masks_equal": "same MLM masks where the arms' phases match",
-                "validation_equal": "same validation set and masks"}
+                "validation_equal": "same validation set and masks",
+                "start_weights_equal": "same starting weights"}
 # A check that may be null without failing: an arm run without `validation:` has nothing to compare.
-_OPTIONAL_CHECKS = ("validation_equal",)
+_OPTIONAL_CHECKS = ("validation_equal", "start_weights_equal")
 
 
 def _verdict(value: bool | None) -> str:
@@ -156,6 +157,8 @@ def check_failures(report: dict, path: Path | str) -> str | None:
     rows = [f"{arm} {phase}: {row}" for arm, phases in report.get("stream_vs_detour", {}).items()
             for phase, row in phases.items() if "DIFFERENT" in row or "not compared" in row]
     rows += [f"{arm}: {row}" for arm, row in (report.get("validation_vs_detour") or {}).items() if row.startswith("NO")]
+    if checks.get("start_weights_equal") is False:
+        rows += [f"{arm} started from weights {str(h)[:12]}" for arm, h in (report.get("start_weights") or {}).items()]
     if checks.get("mlm_masks_equal") is None and not rows:
         rows = ["no MLM phase of an arm matches one of the detour's in objective, mask rate and seed"]
     return (f"the arms' stream checks did not pass: {describe_checks(checks)} ({'; '.join(rows)}); "
@@ -216,6 +219,10 @@ def compare_arms(summaries: dict[str, dict], groups: str | None = None) -> dict:
                                                      for name, s in summaries.items()
                                                      if len(s["phases"]) == len(phases)}},
     }
+    starts = {name: (s.get("start") or {}).get("weights_hash") for name, s in summaries.items()}
+    if any(starts.values()):  # arms from a pretrained model; null for arms built from a config (seeded init)
+        report["checks"]["start_weights_equal"] = len(set(starts.values())) == 1
+        report["start_weights"] = starts
     if any(h for s in summaries.values() for h in _validation_hashes(s)):  # absent: twins.json as before `validation:`
         report["checks"]["validation_equal"], report["validation_vs_detour"] = compare_validation(summaries)
         report["end_of_decay_validation_mlm_loss"] = {

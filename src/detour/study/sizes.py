@@ -1,0 +1,77 @@
+"""One study at several model sizes: each size pretrains its own base and runs the whole design.
+
+    detour study studies/modernbert-scratch-capacity.yaml --out runs/capacity --dry-run
+
+A study file with `sizes:` (and `base:`) is run once per size, as an ordinary study in
+OUT/sizes/NAME/ (its own steps, cache, report), whose base recipe gets the size's `set` overrides
+(its model.config) and whose arms get its `train_set`. When every size has finished, the capacity
+comparison across them is written to OUT/capacity.json, OUT/report.md and OUT/report.html
+(detour.report.capacity; `detour report OUT` rewrites it). A size that stops or fails stops the
+run: rerunning the same command keeps what finished, as any study does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from detour.errors import DetourError
+from detour.io import write_json
+from detour.lock import folder_lock
+from detour.study.spec import StudySpec
+
+SIZES_SCHEMA = "detour.study-sizes/1"
+
+
+def size_spec(spec: StudySpec, size: str) -> StudySpec:
+    """The study of one size: the base and arms with that size's overrides, named NAME-SIZE."""
+    entry = spec.sizes[size]
+    description = spec.description.strip()
+    if entry.description:
+        description = f"{description} Size {size}: {entry.description}".strip()
+    return spec.model_copy(update={
+        "name": f"{spec.name}-{size}",
+        "description": description,
+        "sizes": None,
+        "base": spec.base.model_copy(update={"set": [*spec.base.set, *entry.set]}),
+        "train": spec.train.model_copy(update={"set": [*spec.train.set, *entry.train_set]}),
+    }, deep=True)
+
+
+def size_folder(out: Path, size: str) -> Path:
+    return Path(out) / "sizes" / size
+
+
+def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one) -> int:
+    """Run (or plan) each size's study with `run_one(spec, folder, dry_run)`, then the comparison."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DetourError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / ".study").is_dir():
+        raise DetourError(f"--out {out}: a non-empty folder that is not a study folder (no .study inside); "
+                          "choose a new or empty folder")
+    studies = {size: size_spec(spec, size) for size in spec.sizes}
+    if dry_run:
+        print(f"study {spec.name}: {len(studies)} sizes ({', '.join(studies)}), each a study in {out / 'sizes'}/")
+        for size, sub in studies.items():
+            print(f"\n== size {size}")
+            rc = run_one(sub, size_folder(out, size), True)
+            if rc:
+                return rc
+        print(f"\nthen: the capacity comparison across sizes -> {out / 'report.md'}")
+        return 0
+    (out / ".study").mkdir(parents=True, exist_ok=True)
+    with folder_lock(out):
+        write_json(out / "study.json", {"schema": SIZES_SCHEMA, "name": spec.name, "description": spec.description,
+                                        "sizes": {s: str(Path("sizes") / s) for s in studies}})
+        for size, sub in studies.items():
+            print(f"== size {size}: {size_folder(out, size)}", flush=True)
+            rc = run_one(sub, size_folder(out, size), False)
+            if rc:
+                print(f"detour study: size {size} did not finish (exit {rc}); run the same command again to "
+                      "continue (finished steps are kept)")
+                return rc
+        from detour.report.capacity import write_capacity_report
+
+        written = write_capacity_report(out)
+    print(f"capacity comparison: {written['markdown']} and {written['html']}")
+    return 0

@@ -1,0 +1,163 @@
+"""A study that pretrains its own base encoder, at two model sizes, and compares them.
+
+    python -m pytest -q tests/study/test_sizes.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from detour.cli import main
+from detour.model.load import weights_hash
+from detour.study.spec import load_study
+
+REPO = Path(__file__).resolve().parents[2]
+SIZES = {"3x32": (3, 32, 48, 2), "3x48": (3, 48, 64, 2)}  # layers, hidden, intermediate, heads
+
+
+def _base_recipe(tmp: Path) -> Path:
+    recipe = {
+        "name": "tiny-scratch-base",
+        "model": {"config": {"model_type": "modernbert", "num_hidden_layers": 3, "hidden_size": 32,
+                             "intermediate_size": 48, "num_attention_heads": 2, "max_position_embeddings": 256,
+                             "global_attn_every_n_layers": 3, "local_attention": 16},
+                  "tokenizer": "minilm-l6"},
+        "data": {"sources": ["unused"], "seq_len": 64, "shuffle_seed": 42},
+        "optimizer": {"lr": 2.0e-3, "weight_decay": 1.0e-5},
+        "batch": {"global_sequences": 8, "micro_batch": 8},
+        "seed": 5,
+        "phases": [{"name": "mlm", "objective": "mlm", "mask_rate": 0.3, "tokens": "2k",
+                    "lr": {"shape": "constant", "warmup_tokens": 512}},
+                   {"name": "anneal", "objective": "mlm", "mask_rate": 0.3, "tokens": "1k",
+                    "lr": {"shape": "1-sqrt", "final_lr_fraction": 0.1}}],
+        "checkpoint": {"every_tokens": "4k", "keep_last": 1},
+        "validation": {"sequences": 4, "every_tokens": "1k"},
+    }
+    path = tmp / "base.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def _study(tmp: Path, **changes) -> Path:
+    """studies/tiny.yaml with a base pretrained on its own synthetic corpus, at two tiny sizes."""
+    spec = yaml.safe_load((REPO / "studies" / "tiny.yaml").read_text())
+    spec["name"] = "tiny-sizes"
+    spec["prepare"]["general"] = {"sources": ["synthetic:clinical?docs=60&seed=7"], "tokenizer": "minilm-l6",
+                                  "validation": 8}
+    spec["base"] = {"recipe": str(_base_recipe(tmp)), "data": ["general"]}
+    spec["sizes"] = {name: {"set": [f"model.config.num_hidden_layers={n}", f"model.config.hidden_size={h}",
+                                    f"model.config.intermediate_size={i}", f"model.config.num_attention_heads={a}"]}
+                     for name, (n, h, i, a) in SIZES.items()}
+    spec["train"]["recipe"] = str(REPO / "recipes" / "tiny-modernbert.yaml")
+    spec["train"]["set"] += ["phases.0.tokens=2k", "phases.1.tokens=1k", "validation.every_tokens=1k"]
+    spec["arms"] = {"baseline-seed2": spec["arms"]["baseline-seed2"]}
+    spec["eval"] = {"synthetic_ner": {"train": 24, "validation": 12, "test": 12}, "seeds": 2, "epochs": 1,
+                    "max_length": 32, "arms": ["detour", "baseline"]}
+    spec["analyses"] = {"cka": {"noise_floor": "baseline-seed2", "options": {"n": 12, "seeds": 1, "max_length": 32}}}
+    spec.update(changes)
+    path = tmp / "study.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture(scope="module")
+def capacity(tmp_path_factory, minilm):
+    tmp = tmp_path_factory.mktemp("sizes")
+    study, out = _study(tmp), tmp / "out"
+    assert main(["study", str(study), "--out", str(out)]) == 0
+    return out
+
+
+def test_dry_run_shows_each_size_with_its_base_and_arms(tmp_path, capsys, minilm):
+    assert main(["study", str(_study(tmp_path)), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    for size in SIZES:
+        section = text.split(f"== size {size}")[1].split("== size")[0]
+        assert "to run   base " in section and "after prepare:general" in section
+        for arm in ("detour", "baseline", "baseline-seed2"):
+            assert f"train:{arm} " in section and "base" in section.split(f"train:{arm} ")[1].splitlines()[0]
+        assert "tokens" in section.split("to run   base ")[1].splitlines()[0]  # an estimate
+    assert "capacity comparison" in text
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_each_base_is_a_stock_masked_lm_pretrained_from_scratch(capacity):
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+
+    for size, (layers, hidden, _, _) in SIZES.items():
+        folder = capacity / "sizes" / size / "base" / "model"
+        model = AutoModelForMaskedLM.from_pretrained(folder)
+        assert (model.config.num_hidden_layers, model.config.hidden_size) == (layers, hidden)
+        fill = pipeline("fill-mask", model=model, tokenizer=AutoTokenizer.from_pretrained(folder))
+        guesses = fill(f"the patient was {fill.tokenizer.mask_token} to the hospital.")
+        assert len(guesses) == 5 and all(g["token_str"] for g in guesses)
+        card = (folder / "README.md").read_text()
+        assert "pretrained from scratch" in card and "random initial weights" in card
+        assert "3,072 tokens" in card or "3k tokens" in card or "2,048" in card, card  # the budget it trained
+        assert "general" in card  # the data it was pretrained on
+
+
+def test_the_arms_of_each_size_start_from_that_sizes_base(capacity):
+    hashes = {}
+    for size in SIZES:
+        root = capacity / "sizes" / size
+        hashes[size] = weights_hash(str(root / "base" / "model"))
+        state = json.loads((root / ".study" / "state.json").read_text())
+        assert state["steps"]["base"]["output_hash"] == hashes[size]
+        for arm in ("detour", "baseline", "baseline-seed2"):
+            summary = json.loads((root / "arms" / arm / "summary.json").read_text())
+            assert summary["start"]["weights_hash"] == hashes[size], (size, arm)
+        twins = json.loads((root / "twins.json").read_text())
+        assert twins["checks"]["start_weights_equal"] is True
+        assert twins["checks"]["stream_hashes_equal"] is True and twins["checks"]["mlm_masks_equal"] is True
+    assert len(set(hashes.values())) == len(SIZES)  # each size its own base
+
+
+def test_the_capacity_report_puts_the_sizes_side_by_side(capacity):
+    data = json.loads((capacity / "capacity.json").read_text())
+    rows = {r["size"]: r for r in data["sizes"]}
+    assert list(rows) == list(SIZES)  # smallest first
+    assert rows["3x32"]["non_embedding_parameters"] < rows["3x48"]["non_embedding_parameters"]
+    for row in rows.values():
+        assert row["base_mlm_loss"] is not None and len(row["base_curve"]) >= 3
+        assert row["detour_mlm_loss"] is not None and row["twin_mlm_loss"] is not None
+        assert row["delta"] is not None and row["p_value"] is not None and row["ci"] is not None
+        assert set(row["cka_r"]) == {"low", "mid", "late"}
+    md = (capacity / "report.md").read_text()
+    assert "| size | layers x hidden |" in md and "capacity.png" in md
+    assert (capacity / "report-figures" / "capacity.png").is_file()
+    assert "SYNTHETIC" in md
+    # `detour report` rewrites the same comparison
+    before = md
+    assert main(["report", str(capacity)]) == 0
+    assert (capacity / "report.md").read_text() == before
+
+
+def test_a_base_recipe_with_a_clm_phase_is_refused_naming_the_field(tmp_path, capsys, minilm):
+    study = _study(tmp_path)
+    base = yaml.safe_load(Path(yaml.safe_load(study.read_text())["base"]["recipe"]).read_text())
+    base["phases"][0]["objective"] = "clm"
+    base["phases"][0].pop("mask_rate")
+    Path(yaml.safe_load(study.read_text())["base"]["recipe"]).write_text(yaml.safe_dump(base))
+    assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    assert "base.recipe: phases.0 (mlm) is CLM" in capsys.readouterr().err
+
+
+def test_sizes_without_a_base_are_refused(tmp_path, capsys, minilm):
+    study = _study(tmp_path)
+    spec = yaml.safe_load(study.read_text())
+    spec.pop("base")
+    study.write_text(yaml.safe_dump(spec))
+    assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    assert "sizes: a study at several sizes pretrains each size's encoder" in capsys.readouterr().err
+
+
+def test_shipped_capacity_study_loads_with_three_sizes():
+    spec = load_study(REPO / "studies" / "modernbert-scratch-capacity.yaml")
+    assert len(spec.sizes) == 3 and spec.base is not None
+    assert spec.eval.seeds >= 5 and len(spec.eval.tasks) >= 4
+    assert {"freeze-low-clm", "freeze-mid-clm", "baseline-seed2"} <= set(spec.arms)
