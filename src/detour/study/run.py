@@ -2,6 +2,7 @@
 
     detour study studies/tiny.yaml --out runs/study-tiny --dry-run   # the graph, each step's state, estimates
     detour study studies/tiny.yaml --out runs/study-tiny             # run (or continue) it
+    detour study studies/tiny.yaml --out runs/study-tiny --jobs 2    # independent steps two at a time
 
 The steps (docs/study.md): prepare the data; train the detour, its MLM twin and the extra arms (a
 second-seed baseline, freeze arms, decay-length variants, which branch from the arm they share
@@ -15,6 +16,10 @@ A study stopped by SIGTERM, Ctrl-C or a kill continues where it stopped when the
 run again: a half-done training step resumes from its last checkpoint, a half-done evaluation keeps
 its finished seeds. SIGTERM and SIGINT are passed to the running step, which stops cleanly; the
 study then exits with status 75, as `detour train` does.
+
+`--executor local --jobs N` runs up to N independent steps at once on slices of this machine;
+`--executor slurm` makes each step a SLURM job (detour.study.executors, docs/cluster.md). The order,
+keys and state records are the same whichever runs them.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from detour.io import write_json, write_text
 from detour.lock import folder_lock
 from detour.stop import RESUMABLE_EXIT, die_with_parent, stop_signals_to
 from detour.study.graph import BASE, SYNTHETIC_TASK, Step, build_steps, output_hash, step_key
+from detour.study.executors import Options, check_partitions, log_path, make_executor
 from detour.study.hashes import ContentHashes
 from detour.study.spec import StudySpec, load_study
 from detour.runs import TWINS_FILE, RunFolder
@@ -48,6 +54,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="the study file (YAML; see docs/study.md and studies/)")
     parser.add_argument("--out", required=True, help="the study folder (created; rerun with the same --out to continue)")
     parser.add_argument("--dry-run", action="store_true", help="print the steps, their state and estimates; run nothing")
+    add_executor_arguments(parser)
+
+
+def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--executor", choices=("local", "slurm"), default="local",
+                        help="where steps run: this machine (default) or one SLURM job a step (docs/cluster.md)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="steps at once: locally each gets 1/N of the cores (or one GPU); default 1 locally, "
+                             "no limit on SLURM")
+    parser.add_argument("--cancel-on-exit", action="store_true",
+                        help="with --executor slurm: scancel the study's jobs when it is stopped (default: leave "
+                             "them to the cluster; a rerun reattaches)")
+
+
+def executor_options(args: argparse.Namespace) -> Options:
+    return Options(executor=args.executor, jobs=args.jobs, cancel_on_exit=args.cancel_on_exit)
 
 
 # ---- state ----
@@ -61,10 +83,12 @@ class State:
         data = json.loads(self.path.read_text()) if self.path.is_file() else {}
         self.steps: dict[str, dict] = data.get("steps", {})
         self.started: dict[str, str] = data.get("started", {})
+        self.jobs: dict[str, dict] = data.get("jobs", {})  # SLURM: step -> its job (id, key, attempts)
         self.content = ContentHashes(self.dir / "hashes.json")
 
     def save(self) -> None:
-        write_json(self.path, {"schema": STATE_SCHEMA, "steps": self.steps, "started": self.started})
+        write_json(self.path, {"schema": STATE_SCHEMA, "steps": self.steps, "started": self.started,
+                               **({"jobs": self.jobs} if self.jobs else {})})
         self.content.save()
 
     def event(self, step: str, event: str, **fields) -> None:
@@ -243,60 +267,161 @@ def _act(step: Step, spec: StudySpec, out: Path) -> None:
         print(f"  wrote {written['markdown']} and {written['html']}")
 
 
-def execute(spec: StudySpec, out: Path, steps: list[Step]) -> int:
+def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | None = None) -> int:
+    """Run the steps in dependency order on the chosen executor; cached steps are kept."""
+    options = options or Options()
     state = State(out)
     write_design(spec, out, steps)
     child = _Child()
+    executor = make_executor(options, out, state, spec.resources, spec.name,
+                             lambda argv, log, c: run_command(argv, log, c), child)
+    # one step at a time, in the listed order, its output on the console: the study as it always ran
+    strict = executor.foreground
+    number = {s.name: i for i, s in enumerate(steps, 1)}
     hashes: dict[str, str] = {}
     ran, cached, started_at = [], [], time.time()
-    running = None  # the step started and not finished: a stop is recorded on it
-    with stop_signals_to(child.handler):  # a stop goes to the running step's process
-        try:
-            for i, step in enumerate(steps, 1):
-                key = step_key(step, out, hashes, state.content)
-                record = state.steps.get(step.name)
-                if record and record["key"] == key and all(p.exists() for p in step.outputs):
-                    hashes[step.name] = record["output_hash"]
-                    cached.append(step.name)
-                    print(f"[{i}/{len(steps)}] {step.name}: done earlier, kept", flush=True)
-                    continue
-                print(f"[{i}/{len(steps)}] {step.name}: {'rerun, its inputs changed' if record else 'run'}", flush=True)
-                if record or state.started.get(step.name, key) != key:
-                    clear_stale(step, out)
-                    state.steps.pop(step.name, None)
-                state.started[step.name] = key
-                state.save()
-                state.event(step.name, "start", key=key)
-                running = step.name
-                t0 = time.time()
-                if step.argv is not None:
-                    rc = run_command(step.argv, state.dir / "logs" / f"{step.name.replace(':', '-')}.log", child)
-                else:
+    failed: dict[str, str] = {}  # step -> why; what depends on it is not started
+    skipped: list[str] = []
+    pending = list(steps)
+    running: dict[str, tuple[Step, str, float]] = {}
+    acting = None  # an in-process step being run: a stop is recorded on it
+    stopped: list[str] = []  # steps that ended stopped (SIGTERM, Ctrl-C): the study stops too
+
+    def finish(step: Step, key: str, t0: float) -> None:
+        hashes[step.name] = output_hash(step.hash_of, state.content)
+        state.steps[step.name] = {"key": key, "output_hash": hashes[step.name], "seconds": round(time.time() - t0, 1),
+                                  "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        state.started.pop(step.name, None)
+        state.save()
+        state.event(step.name, "done", seconds=round(time.time() - t0, 1))
+        ran.append(step.name)
+        if not strict:
+            print(f"  {step.name}: done ({time.time() - t0:.1f} s)", flush=True)
+
+    def fail(step: Step, message: str) -> None:
+        if strict:
+            raise DetourError(message)
+        failed[step.name] = message
+        print(f"  {step.name}: FAILED: {message}", flush=True)
+
+    def ended(outcome) -> bool:
+        """Record a step's end; False when the study must stop (a step stopped by a signal)."""
+        step, key, t0 = running.pop(outcome.name)
+        if outcome.status == "stopped":
+            state.event(step.name, "stopped", rc=outcome.rc)
+            stopped.append(step.name)
+            return False
+        if outcome.status == "failed":
+            state.event(step.name, "failed", rc=outcome.rc)
+            fail(step, f"step {step.name} failed (exit {outcome.rc}); "
+                       + (outcome.detail or f"its output is in {log_path(state.dir, step.name)}"))
+            return True
+        finish(step, key, t0)
+        return True
+
+    def start_ready() -> bool:
+        """Start (or keep from earlier) every step whose inputs are done, as slots allow; True if any moved."""
+        nonlocal acting
+        moved = False
+        for step in list(pending):
+            if executor.signalled:
+                return moved
+            lost = [d for d in step.deps if d in failed or d in skipped]
+            if lost:
+                pending.remove(step)
+                skipped.append(step.name)
+                print(f"[{number[step.name]}/{len(steps)}] {step.name}: not run, {lost[0]} did not finish", flush=True)
+                moved = True
+                continue
+            if any(d not in hashes for d in step.deps):
+                if strict:
+                    return moved
+                continue
+            key = step_key(step, out, hashes, state.content)
+            record = state.steps.get(step.name)
+            if record and record["key"] == key and all(p.exists() for p in step.outputs):
+                hashes[step.name] = record["output_hash"]
+                cached.append(step.name)
+                pending.remove(step)
+                print(f"[{number[step.name]}/{len(steps)}] {step.name}: done earlier, kept", flush=True)
+                moved = True
+                continue
+            if len(running) >= executor.capacity:
+                if strict:
+                    return moved
+                continue
+            pending.remove(step)
+            moved = True
+            print(f"[{number[step.name]}/{len(steps)}] {step.name}: {'rerun, its inputs changed' if record else 'run'}",
+                  flush=True)
+            t0 = time.time()
+            if step.argv is not None and executor.adopt(step, key):
+                running[step.name] = (step, key, t0)
+                continue
+            if record or state.started.get(step.name, key) != key:
+                clear_stale(step, out)
+                state.steps.pop(step.name, None)
+            state.started[step.name] = key
+            state.save()
+            state.event(step.name, "start", key=key)
+            if step.argv is None:  # in the study's own process, while other steps run on
+                acting, executor.in_action = step.name, True
+                try:
                     _act(step, spec, out)
-                    rc = 0
-                if child.signalled or rc == RESUMABLE_EXIT:
-                    state.event(step.name, "stopped", rc=rc)
-                    print(f"detour study: stopped during {step.name}; run the same command again to continue "
-                          f"(finished steps are kept)", file=sys.stderr)
-                    return RESUMABLE_EXIT
-                if rc != 0:
-                    state.event(step.name, "failed", rc=rc)
-                    raise DetourError(f"step {step.name} failed (exit {rc}); its output is in "
-                                      f"{state.dir / 'logs' / (step.name.replace(':', '-') + '.log')}")
-                hashes[step.name] = output_hash(step.hash_of, state.content)
-                state.steps[step.name] = {"key": key, "output_hash": hashes[step.name],
-                                          "seconds": round(time.time() - t0, 1),
-                                          "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-                state.started.pop(step.name, None)
-                state.save()
-                state.event(step.name, "done", seconds=round(time.time() - t0, 1))
-                running = None
-                ran.append(step.name)
+                except DetourError as exc:
+                    acting, executor.in_action = None, False
+                    state.event(step.name, "failed", rc=2)
+                    fail(step, str(exc))
+                    continue
+                acting, executor.in_action = None, False
+                finish(step, key, t0)
+                continue
+            running[step.name] = (step, key, t0)
+            outcome = executor.start(step, key, log_path(state.dir, step.name))
+            if outcome is not None and not ended(outcome):
+                return moved
+            if strict:
+                return moved
+        return moved
+
+    def stop() -> int:
+        """The study stops: SLURM jobs are left to the cluster (or cancelled); local steps save and end."""
+        left = executor.leave()
+        if not left:
+            while running:
+                for outcome in executor.wait(1.0):
+                    ended(outcome)
+        if acting:
+            state.event(acting, "stopped", rc=RESUMABLE_EXIT)
+        if left:
+            print(f"detour study: stopped; {left}", file=sys.stderr)
+        else:
+            during = f" during {', '.join(stopped)}" if stopped else ""
+            print(f"detour study: stopped{during}; run the same command again to continue (finished steps are kept)",
+                  file=sys.stderr)
+        return RESUMABLE_EXIT
+
+    with stop_signals_to(executor.handler):  # a stop goes to the running steps (locally) or is decided below
+        try:
+            while not stopped and not executor.signalled:
+                while start_ready() and not stopped and not executor.signalled:
+                    pass
+                if stopped or executor.signalled or not running:
+                    break
+                for outcome in executor.wait(1.0):
+                    ended(outcome)
+            if stopped and running:
+                executor.stop_all()  # a step stopped by a signal of its own stops the study
+            if stopped or executor.signalled:
+                return stop()
         except KeyboardInterrupt:  # also a signal that came before the step's process existed
-            if running is not None:
-                state.event(running, "stopped", rc=RESUMABLE_EXIT)
-            print("detour study: stopped; run the same command again to continue", file=sys.stderr)
-            return RESUMABLE_EXIT
+            try:
+                return stop()
+            except KeyboardInterrupt:
+                return RESUMABLE_EXIT
+    if failed:
+        raise DetourError("; ".join(failed.values()) + (f"; not run, as they depend on it: {', '.join(skipped)}"
+                                                         if skipped else ""))
     minutes = (time.time() - started_at) / 60
     print(f"study {spec.name}: {len(ran)} steps run, {len(cached)} kept from earlier ({minutes:.1f} min)")
     if (out / "report.html").is_file():
@@ -304,24 +429,40 @@ def execute(spec: StudySpec, out: Path, steps: list[Step]) -> int:
     return 0
 
 
-def print_plan(spec: StudySpec, out: Path, steps: list[Step]) -> None:
+def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options | None = None) -> None:
     from detour.study.estimate import estimates
+    from detour.study.executors import job_states
+    from detour.study.resources import describe
 
-    states = plan(steps, out, State(out))
+    state = State(out)
+    states = plan(steps, out, state)
     rough = estimates(spec, steps)
+    # where each step runs: shown when the study names resources, runs on SLURM or has jobs from before
+    placed = options is not None and options.executor == "slurm" or bool(state.jobs) or \
+        spec.resources.model_dump(exclude_none=True, exclude_defaults=True) != {}
+    live = job_states([j["job_id"] for j in state.jobs.values()]) if state.jobs and shutil.which("squeue") else {}
     print(f"study {spec.name}: {len(steps)} steps into {out}")
     width = max(len(s.name) for s in steps)
     for step in steps:
         after = f"  after {', '.join(step.deps)}" if step.deps and len(step.deps) <= 3 else (
             f"  after {len(step.deps)} steps" if step.deps else "")
         print(f"  {states[step.name]:8s} {step.name:{width}s}  {rough.get(step.name, ''):28s}{after}")
+        if placed:
+            job = state.jobs.get(step.name)
+            where = f"SLURM job {job['job_id']} ({live.get(job['job_id'], job.get('state', '?')).lower()}" \
+                    f"{', attempt ' + str(job['attempts']) if job.get('attempts', 1) > 1 else ''}); " if job else ""
+            print(f"  {'':8s} {'':{width}s}  {where}{describe(spec.resources.of(step.kind), step.kind)}")
     todo = [s for s in steps if states[s.name] != "done"]
     tokens = sum(s.tokens for s in todo)
     print(f"to run: {len(todo)} of {len(steps)} steps, {tokens:,} training tokens; "
           f"estimates are rough (FLOPs at a measured matmul rate), not promises")
 
 
-def run_study(spec: StudySpec, out: Path, dry_run: bool = False) -> int:
+def run_study(spec: StudySpec, out: Path, dry_run: bool = False, options: Options | None = None) -> int:
+    options = options or Options()
+    options.check()
+    if options.executor == "slurm":
+        check_partitions(spec.resources)
     if spec.sizes is not None:  # one study per size, then the comparison across them
         from detour.study.sizes import run_sizes
 
@@ -344,13 +485,13 @@ def run_study(spec: StudySpec, out: Path, dry_run: bool = False) -> int:
             preflight(step.stand_in or step.recipe, out / "arms" / step.name.split(":", 1)[1], data=not in_study,
                       parent=step.recipe.branch is None or not step.recipe.branch.run.startswith(str(out.resolve())))
     if dry_run:
-        print_plan(spec, out.resolve(), steps)
+        print_plan(spec, out.resolve(), steps, options)
         return 0
     # One study process per folder; its steps lock their own folders (arms/NAME, eval/TASK), so a
     # rerun cannot start a step whose process from before is still alive.
     with folder_lock(out):
-        return execute(spec, out.resolve(), steps)
+        return execute(spec, out.resolve(), steps, options)
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_study(load_study(args.study), Path(args.out), args.dry_run)
+    return run_study(load_study(args.study), Path(args.out), args.dry_run, executor_options(args))

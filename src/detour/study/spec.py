@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from detour.errors import DetourError
+from detour.study.resources import Resources
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # usable as a folder name
 
@@ -174,6 +175,8 @@ class StudySpec(_Strict):
     eval: EvalSpec | None = None
     analyses: AnalysesSpec = Field(default_factory=AnalysesSpec)
     report: bool = True
+    resources: Resources = Field(default_factory=Resources, description="what each step kind asks of the machine or "
+                                 "the SLURM cluster (detour.study.resources; docs/cluster.md)")
     root: str = Field("", description="the study file's folder (set by the loader)")
 
     @field_validator("prepare", "arms", "sizes")
