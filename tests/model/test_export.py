@@ -190,7 +190,8 @@ def test_the_detour_arms_card_states_its_recipe_phases_and_data(arms, synthetic)
     assert card.data.base_model is None  # built from model.config: no hub model to name
     assert card.data.language == ["en"] and card.data.datasets == ["bigbio/e3c"]
     assert card.data.pipeline_tag == "fill-mask" and card.data.library_name == "transformers"
-    assert card.data.tags == ["detour", "continued-pretraining", "clm-detour", "synthetic-data", "biomedical"]
+    # built from a config, it continued nothing: tagged as pretrained from scratch
+    assert card.data.tags == ["detour", "pretraining-from-scratch", "clm-detour", "synthetic-data", "biomedical"]
     assert card.text.splitlines()[1] == "# tiny-modernbert: CLM detour"
     assert "The run's final model: it has had phase clm (CLM), then phase decay (MLM at 15% masking)." in card.text
     summary = json.loads((run / "summary.json").read_text())["phases"]

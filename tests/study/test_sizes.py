@@ -96,9 +96,10 @@ def test_each_base_is_a_stock_masked_lm_pretrained_from_scratch(capacity):
         guesses = fill(f"the patient was {fill.tokenizer.mask_token} to the hospital.")
         assert len(guesses) == 5 and all(g["token_str"] for g in guesses)
         card = (folder / "README.md").read_text()
-        assert "pretrained from scratch" in card and "random initial weights" in card
-        assert "3,072 tokens" in card or "3k tokens" in card or "2,048" in card, card  # the budget it trained
-        assert "general" in card  # the data it was pretrained on
+        assert "MLM pretraining from scratch" in card and "pretraining-from-scratch" in card
+        assert "continued" not in card.split("---")[1]  # no "continued-pretraining" tag: there is no base
+        # how many tokens, of what: the base's two phases, 2k + 1k, on the study's `general` corpus
+        assert "Pretrained from scratch on 3,000 tokens of synthetic-clinical-en" in card, card
 
 
 def test_the_arms_of_each_size_start_from_that_sizes_base(capacity):

@@ -4,7 +4,7 @@
 
 README.md is a Hub model card. Its front matter (read by `huggingface_hub.ModelCard.load`) has the
 license, base_model (a hub id; absent for a model built from a config), datasets and language (the
-recipe's `card:` fields), tags (detour, continued-pretraining, and clm-detour, mlm-baseline or
+recipe's `card:` fields), tags (detour; continued-pretraining, or pretraining-from-scratch for a model built from a config; clm-detour, mlm-baseline or
 mlm-only) and pipeline_tag fill-mask (feature-extraction for an export last trained as a causal LM,
 or whose MLM head was created fresh because the base shipped none and has seen fewer than
 FILL_MASK_MIN_TOKENS masked-LM tokens: its card says so in its first paragraph). Its body is written from what the arm did: each phase's
@@ -198,7 +198,9 @@ def _title(card: dict) -> tuple[str, str]:
         head, _, tail = name.partition(BASELINE_MARK)
         label = "MLM baseline" + (f" ({tail.strip('-')})" if tail.strip("-") else "")
         return f"{head or name}: {label}", head or name
-    return f"{name}: {'CLM detour' if arm == 'detour' else 'MLM continued pretraining'}", name
+    if arm == "detour":
+        return f"{name}: CLM detour", name
+    return f"{name}: {'MLM continued pretraining' if card.get('base_model') else 'MLM pretraining from scratch'}", name
 
 
 def _stage(card: dict) -> tuple[str, str, bool]:
@@ -268,7 +270,9 @@ def _data_lines(card: dict) -> list[str]:
 
 
 def _tags(card: dict) -> list[str]:
-    tags = ["detour", "continued-pretraining", _ARM_TAG[_arm(card)]]
+    # a model trained from a config has no base to continue: it was pretrained from scratch
+    tags = ["detour", "continued-pretraining" if card.get("base_model") else "pretraining-from-scratch",
+            _ARM_TAG[_arm(card)]]
     if card.get("synthetic"):
         tags.append("synthetic-data")
     return list(dict.fromkeys(tags + list(card.get("tags") or [])))
@@ -363,6 +367,13 @@ def _card_intro(card: dict, model, suffix: str, stage: str) -> list[str]:
               f"{_base_text(card, model)} {what}"
               + (f": {_phase_list(phases)}." if phases else "."), ""]
     lines += _fresh_head_text(card)
+    trained = [p.get("tokens_done") for p in phases]
+    if not card.get("base_model") and trained and all(isinstance(t, int) for t in trained):
+        data = [d for d in card.get("data") or [] if isinstance(d, dict)]
+        names = [i.get("name") for d in data for i in d.get("sources") or [] if isinstance(i, dict) and i.get("name")]
+        sources = ", ".join(names or [f"`{Path(str(d.get('path'))).name}`" for d in data if d.get("path")])
+        lines += [f"Pretrained from scratch on {_count(sum(trained))} tokens" + (f" of {sources}" if sources else "")
+                  + " (see Data).", ""]
     branch = card.get("branch")
     if branch:
         lines += [f"Branched from the run `{branch.get('parent')}` at the end of its phase {branch.get('after_phase')} "
