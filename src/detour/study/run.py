@@ -466,7 +466,7 @@ def run_study(spec: StudySpec, out: Path, dry_run: bool = False, options: Option
     if spec.sizes is not None:  # one study per size, then the comparison across them
         from detour.study.sizes import run_sizes
 
-        return run_sizes(spec, out, dry_run, run_study)
+        return run_sizes(spec, out, dry_run, lambda sub, folder, dry: run_study(sub, folder, dry, options))
     if out.exists() and not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / ".study").is_dir():
