@@ -162,3 +162,26 @@ def test_shipped_capacity_study_loads_with_three_sizes():
     assert len(spec.sizes) == 3 and spec.base is not None
     assert spec.eval.seeds >= 5 and len(spec.eval.tasks) >= 4
     assert {"freeze-low-clm", "freeze-mid-clm", "baseline-seed2"} <= set(spec.arms)
+
+
+def _summary(start_hash: str | None) -> dict:
+    phase = {"objective": "mlm", "mask_rate": 0.15, "tokens": 100, "budget": 100, "stream_hash": "s",
+             "mask_hash": "m", "final_loss": 1.0}
+    summary = {"seed": 17, "phases": {"decay": phase}}
+    if start_hash is not None:
+        summary["start"] = {"source": "base/model", "weights_hash": start_hash}
+    return summary
+
+
+def test_twins_check_fails_when_an_arm_started_from_other_weights():
+    from detour.train.twins import check_failures, compare_arms
+
+    same = compare_arms({"detour": _summary("a"), "baseline": _summary("a")})
+    assert same["checks"]["start_weights_equal"] is True and check_failures(same, "twins.json") is None
+    other = compare_arms({"detour": _summary("a"), "baseline": _summary("b")})
+    assert other["checks"]["start_weights_equal"] is False
+    failed = check_failures(other, "twins.json")
+    assert "same starting weights: NO" in failed and "baseline started from weights b" in failed
+    # arms built from a config record a seed, not a hash: nothing to compare, and no failure
+    config = compare_arms({"detour": _summary(None), "baseline": _summary(None)})
+    assert "start_weights_equal" not in config["checks"] and check_failures(config, "twins.json") is None
