@@ -24,6 +24,7 @@ many SLURM tasks on the cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -47,8 +48,9 @@ EXECUTORS = ("local", "slurm")
 THREADED_VERBS = ("eval",)  # the verbs with a --threads flag; the others read OMP_NUM_THREADS
 TRAINING = ("train", "base")
 SIGNAL_GRACE_S = 120  # SIGTERM this long before the time limit: a step plus a checkpoint write
+# the job may still run (or run again); the study's jobs are submitted --no-requeue, so PREEMPTED is an end
 ALIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
-         "REQUEUE_FED", "STAGE_OUT", "SIGNALING", "PREEMPTED")
+         "REQUEUE_FED", "STAGE_OUT", "SIGNALING")
 
 
 @dataclass
@@ -148,7 +150,7 @@ class LocalExecutor:
 
     def handler(self, signum, frame):
         self.signalled = signum
-        if self.foreground:
+        if self.foreground and not self.running:  # the one-at-a-time path: run_command's own child
             return self.child.handler(signum, frame)
         alive = [r.proc for r in self.running.values() if r.proc.poll() is None]
         for proc in alive:
@@ -178,7 +180,7 @@ class LocalExecutor:
                 argv += ["--threads", threads]
         if self.gpu_slices is not None and not self.foreground:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_slices[slot])
-        command = _command(step.__class__(**{**step.__dict__, "argv": argv}), res)
+        command = _command(dataclasses.replace(step, argv=argv), res)
         log.parent.mkdir(parents=True, exist_ok=True)
         shown = shlex.join(command[command.index("detour.cli") + 1:])
         if self.foreground:
@@ -354,8 +356,10 @@ class SlurmExecutor:
         """A job of this step from an earlier run of the study: still queued or running, or finished
         while no study watched it. True when it is taken over (nothing is submitted)."""
         record = self.state.jobs.get(step.name)
-        if not record or record.get("state") == "done":
+        if not record or record.get("state") in ("failed", "cancelled"):
             return False
+        if record.get("state") == "done" and (record["key"] != key or not all(p.exists() for p in step.outputs)):
+            return False  # its outputs are gone or of other inputs: run it again
         job_id = record["job_id"]
         alive = job_states([job_id])[job_id] in ALIVE
         if record["key"] != key:
@@ -366,8 +370,6 @@ class SlurmExecutor:
                     if job_states([job_id])[job_id] not in ALIVE:
                         break
                     time.sleep(2)
-            return False
-        if not alive and self._rc(step.name, job_id) is None and record.get("attempts", 1) > self._max(step):
             return False
         log = log_path(self.state.dir, step.name)
         self.running[step.name] = {"job_id": job_id, "step": step, "key": key, "log": log}
@@ -390,7 +392,9 @@ class SlurmExecutor:
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
         tasks = (res.tasks or 1) if step.kind in TRAINING else 1
         nodes = (res.nodes or 1) if step.kind in TRAINING else 1
-        extra = {"signal": f"TERM@{SIGNAL_GRACE_S}", **res.sbatch_extra()}
+        # SIGTERM, not submitit's USR2, before the time limit: detour's steps save and exit 75 on it; and no
+        # requeue by SLURM itself, so that only the study resubmits a stopped step (and counts it)
+        extra = {"signal": f"TERM@{SIGNAL_GRACE_S}", "no_requeue": True, **res.sbatch_extra()}
         parameters = dict(job_name=f"detour-{self.study}-{step.name.replace(':', '-')}", nodes=nodes,
                           ntasks_per_node=tasks, stderr_to_stdout=True, additional_parameters=extra)
         for name, value in (("cpus_per_task", res.cpus_per_task), ("gpus_per_node", res.gpus_per_node),
@@ -444,7 +448,7 @@ class SlurmExecutor:
         outcomes = []
         for name, job_id in ids.items():
             state = states[job_id]
-            if state in ALIVE and state != "PREEMPTED":
+            if state in ALIVE:
                 continue
             rc = self._rc(name, job_id)
             if rc is None and state in ("COMPLETING",):
