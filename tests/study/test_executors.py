@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -202,3 +203,61 @@ def test_resources_merge_a_kinds_entry_over_the_default():
     assert r.of("eval").model_copy(update={"time": "00:30:01"}).minutes() == 31
     extra = Resources.model_validate({"eval": {"extra": ["--mem=8G", "--exclusive"]}}).of("eval").sbatch_extra()
     assert extra == {"mem": "8G", "exclusive": True}
+
+
+def broken_study(tmp_path: Path) -> Path:
+    """Two independent prepare steps, one of a file that is not what its name says; the arms train on that one."""
+    bad = tmp_path / "broken.parquet"
+    bad.write_text("not a parquet file")
+    return small_study(tmp_path, prepare={
+        "corpus": {"sources": ["synthetic:clinical?docs=60&seed=0"], "tokenizer": "minilm-l6", "workers": 1},
+        "broken": {"sources": [str(bad)], "tokenizer": "minilm-l6", "workers": 1}},
+        train={"recipe": str(REPO / "recipes" / "tiny-modernbert.yaml"), "data": ["broken"], "set": SETS}, eval=None)
+
+
+def check_broken(result: subprocess.CompletedProcess, out: Path, job: str = "") -> None:
+    """The failed step named with its log (and job), what depends on it not run, the independent step done."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    log = out / ".study" / "logs" / "prepare-broken.log"
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"detour study: error: step prepare:broken failed (exit 2); {job}its output is in {log}; "
+        "not run, as they depend on it: train:detour, train:baseline, streams")
+    assert "not a readable Parquet file" in log.read_text()
+    state = json.loads((out / ".study" / "state.json").read_text())
+    assert set(state["steps"]) == {"prepare:corpus"}  # the independent branch finished
+    assert [e["event"] for e in _events(out) if e["step"] == "prepare:broken"][-1] == "failed"
+
+
+def test_a_failed_step_stops_what_depends_on_it_and_the_rest_finishes(tmp_path):
+    out = tmp_path / "out"
+    result = _study(broken_study(tmp_path), out, "--jobs", "2")
+    check_broken(result, out)
+    assert "[3/5] train:detour: not run, prepare:broken did not finish" in result.stdout
+
+
+def test_sigterm_stops_every_running_step_which_saves_and_the_study_exits_75(tmp_path):
+    long = [s for s in SETS if not s.startswith("phases.0.tokens")] + ["phases.0.tokens=96k"]
+    study = small_study(tmp_path, eval=None, train={"recipe": str(REPO / "recipes" / "tiny-modernbert.yaml"),
+                                                     "data": ["corpus"], "set": long})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "detour.cli", "study", str(study), "--out", str(out), "--jobs", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(1))
+
+    def training(arm: str) -> bool:
+        metrics = out / "arms" / arm / "metrics.jsonl"
+        return metrics.is_file() and '"loss"' in metrics.read_text()
+
+    end = time.time() + 300
+    while not (training("detour") and training("baseline")):
+        assert proc.poll() is None and time.time() < end, "both arms should be training by now"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err
+    assert err.strip().splitlines()[-1] == ("detour study: stopped during train:baseline, train:detour; run the same "
+                                            "command again to continue (finished steps are kept)")
+    stopped = {e["step"] for e in _events(out) if e["event"] == "stopped"}
+    assert stopped == {"train:detour", "train:baseline"}
+    for arm in ("detour", "baseline"):  # each was passed the signal and saved a checkpoint to resume from
+        assert "checkpoint saved at" in (out / ".study" / "logs" / f"train-{arm}.log").read_text()
+        assert list((out / "arms" / arm / "checkpoints").glob("step-*"))

@@ -201,3 +201,14 @@ def test_slurm_without_sbatch_on_path_is_refused_in_one_line(tmp_path):
     assert result.stderr.strip() == ("detour study: error: --executor slurm: no sbatch on PATH; run the study where "
                                      "SLURM's commands are (a login node), or use --executor local")
     assert not out.exists()
+
+
+def test_a_failed_job_is_named_with_its_id_and_log_and_its_dependents_are_not_submitted(slurm, tmp_path):
+    from tests.study.test_executors import broken_study, check_broken
+
+    out = tmp_path / "out"
+    driver = _driver(broken_study(tmp_path), out)
+    stdout, stderr = driver.communicate(timeout=600)
+    job = _jobs(out)["prepare:broken"]["job_id"]
+    check_broken(subprocess.CompletedProcess(driver.args, driver.returncode, stdout, stderr), out, f"SLURM job {job}; ")
+    assert set(_jobs(out)) == {"prepare:corpus", "prepare:broken"}  # nothing after it was submitted

@@ -396,7 +396,7 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
         if left:
             print(f"detour study: stopped; {left}", file=sys.stderr)
         else:
-            during = f" during {', '.join(stopped)}" if stopped else ""
+            during = f" during {', '.join(sorted(stopped))}" if stopped else ""
             print(f"detour study: stopped{during}; run the same command again to continue (finished steps are kept)",
                   file=sys.stderr)
         return RESUMABLE_EXIT
