@@ -261,3 +261,17 @@ def test_sigterm_stops_every_running_step_which_saves_and_the_study_exits_75(tmp
     for arm in ("detour", "baseline"):  # each was passed the signal and saved a checkpoint to resume from
         assert "checkpoint saved at" in (out / ".study" / "logs" / f"train-{arm}.log").read_text()
         assert list((out / "arms" / arm / "checkpoints").glob("step-*"))
+
+
+def test_a_training_step_of_two_tasks_runs_under_torchrun_locally(tmp_path):
+    train = [s for s in SETS if not s.startswith("batch.micro_batch")] + ["batch.micro_batch=2"]
+    study = small_study(tmp_path, eval=None, resources={"train": {"tasks": 2}},
+                        train={"recipe": str(REPO / "recipes" / "tiny-modernbert.yaml"), "data": ["corpus"], "set": train})
+    out = tmp_path / "out"
+    result = _study(study, out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"  $ torchrun --nproc-per-node 2 detour train {out.resolve() / '.study' / 'recipes' / 'detour.json'}" \
+        in result.stdout
+    for arm in ("detour", "baseline"):  # every checkpoint of the run was written by a world of 2 processes
+        states = [json.loads(p.read_text()) for p in (out / "arms" / arm / "checkpoints").glob("*/state.json")]
+        assert states and {s["world_size"] for s in states} == {2}, states
