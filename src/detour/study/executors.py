@@ -49,8 +49,10 @@ THREADED_VERBS = ("eval",)  # the verbs with a --threads flag; the others read O
 TRAINING = ("train", "base")
 SIGNAL_GRACE_S = 120  # SIGTERM this long before the time limit: a step plus a checkpoint write
 # the job may still run (or run again); the study's jobs are submitted --no-requeue, so PREEMPTED is an end
+# UNKNOWN: squeue did not answer; a job is never taken for ended (and submitted again) on a silent squeue
 ALIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
-         "REQUEUE_FED", "STAGE_OUT", "SIGNALING")
+         "REQUEUE_FED", "STAGE_OUT", "SIGNALING", "UNKNOWN")
+RC_GRACE_S = 30  # a job ended without its exit file: wait this long for a shared filesystem to show it
 
 
 @dataclass
@@ -304,8 +306,14 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
     if not job_ids:
         return {}
     states = {}
-    result = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)], capture_output=True,
-                            text=True, timeout=60)
+    try:
+        result = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)], capture_output=True,
+                                text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return {j: "UNKNOWN" for j in job_ids}
+    # squeue exits 1 for ids it has forgotten (ended long ago); any other failure says nothing of the jobs
+    if result.returncode != 0 and "Invalid job id" not in result.stderr:
+        return {j: "UNKNOWN" for j in job_ids}
     for line in result.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2:
@@ -416,8 +424,10 @@ class SlurmExecutor:
 
     def start(self, step, key, log: Path) -> Outcome | None:
         record = self.state.jobs.get(step.name)
-        attempts = 1 + (record["attempts"] if record and record.get("key") == key and record.get("state") != "done"
-                        and record.get("state") != "failed" else 0)
+        # a job stopped by the cluster counts towards max_resubmits; a fresh start (new inputs, a rerun after a
+        # failure or a --cancel-on-exit) counts from 1
+        attempts = 1 + (record["attempts"] if record and record.get("key") == key
+                        and record.get("state") not in ("done", "failed", "cancelled") else 0)
         log.parent.mkdir(parents=True, exist_ok=True)
         job_id = self._submit(step, key, log, attempts)
         self._record(step.name, job_id, key, attempts)
@@ -451,7 +461,7 @@ class SlurmExecutor:
             if state in ALIVE:
                 continue
             rc = self._rc(name, job_id)
-            if rc is None and state in ("COMPLETING",):
+            if rc is None and time.time() < self.running[name].setdefault("ended_at", time.time()) + RC_GRACE_S:
                 continue
             run = self.running.pop(name)
             outcome = self._ended(run, state, rc)
