@@ -16,15 +16,15 @@ from detour.study.graph import build_steps
 def test_the_demo_is_the_three_arm_minilm_study_on_synthetic_data(tmp_path):
     spec = demo_study()
     steps = {s.name: s for s in build_steps(spec, tmp_path)}
-    assert {"train:detour", "train:baseline", "train:baseline-seed2", "task:synthetic-ner", "eval:synthetic-ner",
-            "cka", "trajectory", "report"} <= set(steps)
+    assert {"train:detour", "train:baseline", "train:baseline-seed2", "task:synthetic-ner", "eval:synthetic-ner:detour",
+            "eval:synthetic-ner", "cka", "trajectory", "report"} <= set(steps)
     detour = steps["train:detour"].recipe
     assert detour.model.source == "minilm-l6"  # the pretrained encoder, not a random one
     assert [p.objective for p in detour.phases] == ["clm", "mlm"]
     assert [p.objective for p in steps["train:baseline"].recipe.phases] == ["mlm", "mlm"]
     assert steps["train:baseline-seed2"].recipe.seed != detour.seed
     assert spec.prepare["corpus"].sources[0].startswith("synthetic:clinical")
-    assert "--noise-floor" in steps["cka"].argv and steps["eval:synthetic-ner"].argv.count("--seeds") == 1
+    assert "--noise-floor" in steps["cka"].argv and steps["eval:synthetic-ner:detour"].argv.count("--seeds") == 1
     assert spec.eval.seeds >= 3
     # a held-out split of the corpus, scored in every arm along the run
     assert "--validation" in steps["prepare:corpus"].argv

@@ -81,7 +81,7 @@ def _no_step_left(out: Path, timeout: float = 60) -> None:
 
 
 @pytest.mark.slow
-def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm):
+def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm, capsys):
     from detour.eval.synthetic_ner import write_task
 
     other = write_task(tmp_path / "other-task", (24, 12, 12), seed=5)
@@ -105,14 +105,13 @@ def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm)
     assert ("train:detour", "done") in [(e["step"], e["event"]) for e in first]
     assert ("train:baseline", "stopped") in [(e["step"], e["event"]) for e in first]
 
-    # 2. kill -9 of the study during the evaluation, once a seed is finished
-    results = out / "eval" / other.stem / "results.json"
+    # 2. kill -9 of the study during the evaluation, once the detour's seed is finished
+    results = out / "eval" / other.stem / "arms" / "detour" / "results.json"
     proc = _spawn(study, out)
     _wait_for(lambda: results.is_file() and json.loads(results.read_text()).get("runs"), proc, "a finished seed")
     proc.kill()
     proc.wait()
     _no_step_left(out)
-    finished_seeds = len(json.loads(results.read_text())["runs"])
     second = _events(out)[len(first):]
     assert "train:detour" not in _started(second)  # done in 1., never rerun
 
@@ -123,9 +122,12 @@ def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm)
     third = _events(out)[len(first) + len(second):]
     ran = _started(third)
     assert "train:detour" not in ran and "train:baseline" not in ran and "prepare:corpus" not in ran
-    assert ran == [f"eval:{other.stem}", "report"]
-    log = (out / ".study" / "logs" / f"eval-{other.stem}.log").read_text()
-    assert f"{2 - finished_seeds} of 2 run(s) to do" in log  # 2 arms x 1 seed, the finished one reused
+    # the detour's evaluation reran only if the kill came before the study recorded it done
+    assert [s for s in ran if s != f"eval:{other.stem}:detour"] == [f"eval:{other.stem}:baseline", f"eval:{other.stem}",
+                                                                   "report"]
+    if f"eval:{other.stem}:detour" in ran:
+        log = (out / ".study" / "logs" / f"eval-{other.stem}-detour.log").read_text()
+        assert "0 of 1 run(s) to do" in log  # its finished seed reused
     assert (out / "report.html").is_file() and (out / "twins.json").is_file()
     assert f"report: {out / 'report.html'}" in output
     # the study's held-out split was scored in every arm, on the same sequences and masks
@@ -141,7 +143,8 @@ def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm)
     other.write_text(yaml.safe_dump(task))
     assert main(["study", str(study), "--out", str(out)]) == 0
     fourth = _events(out)[len(first) + len(second) + len(third):]
-    assert _started(fourth) == [f"eval:{other.stem}", "report"]
+    task = other.stem
+    assert _started(fourth) == [f"eval:{task}:detour", f"eval:{task}:baseline", f"eval:{task}", "report"]
 
     # 5. a dry run now says every step is done
     steps = build_steps(load_study(study), out)
@@ -149,16 +152,42 @@ def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm)
 
     assert set(plan(steps, out.resolve(), State(out)).values()) == {"done"}
 
+    # 6. a folder finished before evaluations were split by arm (every arm's runs in eval/TASK/results.json,
+    # no eval/TASK/arms/, no per-arm steps in the state): the arms' steps reuse those runs, nothing is
+    # fine-tuned again, the gathered file comes out byte for byte the same, so the report is kept
+    gathered = out / "eval" / task / "results.json"
+    before = gathered.read_bytes()
+    (out / "eval" / task / "arms").rename(tmp_path / "per-arm-set-aside")
+    state_file = out / ".study" / "state.json"
+    state = json.loads(state_file.read_text())
+    for arm in ("detour", "baseline"):
+        del state["steps"][f"eval:{task}:{arm}"]
+    state["steps"][f"eval:{task}"]["key"] = "the multi-arm step's key"
+    state_file.write_text(json.dumps(state))
+    capsys.readouterr()
+    assert main(["study", str(study), "--out", str(out), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert f"; 1 in {task}/results.json, reused if unchanged" in printed
+    assert f"stale    eval:{task} " in printed
+    assert main(["study", str(study), "--out", str(out)]) == 0
+    fifth = _events(out)[len(first) + len(second) + len(third) + len(fourth):]
+    assert _started(fifth) == [f"eval:{task}:detour", f"eval:{task}:baseline", f"eval:{task}"]
+    for arm in ("detour", "baseline"):
+        log = (out / ".study" / "logs" / f"eval-{task}-{arm}.log").read_text().rsplit("$ detour", 1)[1]  # this run's
+        assert "1 run(s) with an unchanged key" in log and "0 of 1 run(s) to do" in log, log
+    assert gathered.read_bytes() == before
+
 
 def test_dry_run_prints_the_graph_with_states_and_estimates(tmp_path, capsys):
     study = _study(tmp_path)
     assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
     printed = capsys.readouterr().out
     for step in ("prepare:corpus", "train:detour", "train:baseline", "train:baseline-seed2", "streams",
-                 "task:synthetic-ner", "eval:synthetic-ner", "cka", "report"):
-        assert f"to run   {step}" in printed
+                 "task:synthetic-ner", "eval:synthetic-ner:detour", "eval:synthetic-ner:baseline",
+                 "eval:synthetic-ner", "cka", "report"):
+        assert f"to run   {step} " in printed
     assert "6,000 tokens + 4 held-out points, ~" in printed  # 4k + 2k per arm, held out at 0, 2k, 4k, 6k
-    assert "4 fine-tunes x 1 epoch (eval.epochs), ~" in printed  # 2 arms x 2 seeds, the study's epochs
+    assert "2 fine-tunes x 1 epoch (eval.epochs), ~" in printed  # an arm's 2 seeds, the study's epochs
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
@@ -221,6 +250,7 @@ def test_a_stale_step_and_its_downstream_are_shown_stale(tmp_path):
     assert states["streams"] == states["cka"] == states["report"] == "stale"  # they read that arm
     # the evaluation covers the detour and the baseline only: unchanged, so kept
     assert states["train:detour"] == states["train:baseline"] == states["task:synthetic-ner"] == "done"
+    assert states["eval:synthetic-ner:detour"] == states["eval:synthetic-ner:baseline"] == "done"
     assert states["eval:synthetic-ner"] == "done"
 
 
@@ -440,10 +470,11 @@ def test_dry_run_estimates_each_task_for_its_own_epochs(tmp_path, capsys):
                                                                                     "test": 12}})
     assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
     printed = capsys.readouterr().out
-    assert "eval:unset" in printed and "4 fine-tunes x 10 epochs (the default: its spec sets none), ~" in printed
-    assert "4 fine-tunes x 7 epochs (its spec's), ~" in printed
-    assert "4 fine-tunes x 10 epochs (its spec's), ~" in printed  # gad's spec: 10
-    assert "4 fine-tunes x 3 epochs (its spec's), ~" in printed  # the generated task's spec: 3
+    # a step per task and arm, each the arm's 2 seeds
+    assert "eval:unset:detour" in printed and "2 fine-tunes x 10 epochs (the default: its spec sets none), ~" in printed
+    assert "2 fine-tunes x 7 epochs (its spec's), ~" in printed
+    assert "2 fine-tunes x 10 epochs (its spec's), ~" in printed  # gad's spec: 10
+    assert "2 fine-tunes x 3 epochs (its spec's), ~" in printed  # the generated task's spec: 3
 
 
 @pytest.mark.slow

@@ -14,7 +14,9 @@ examples used (`data_sha256`), the options (--epochs, --max-train, --max-eval, -
 --lr, --batch-size, --linear-probe) and the seed. Any other run of the command is (re)run, and the
 command says which and why before it trains. Runs in OUT that the command does not ask for are
 kept, unless they would end up in one table beside runs made with other settings: that is refused
-before any training, naming the runs and how to include them.
+before any training, naming the runs and how to include them. `--reuse-from FILE` also takes the
+runs of another results.json whose key matches (how `detour study` continues a folder whose
+evaluation was one call of every arm).
 
 Progress: one line per epoch on stdout, flushed (so `detour eval ... > log.txt` shows it): model,
 task, seed, epoch i/N, the validation headline, the epoch's time and the run's ETA; when stdout
@@ -54,7 +56,7 @@ from detour.eval.epochs import CHECKPOINT_DIR, CHECKPOINT_MARKER, EpochCheckpoin
 from detour.eval.finetune import Budget, finetune, prepare_task, read_checkpoint
 from detour.eval.results import Results, display_name, setting_of
 from detour.eval.runkeys import (TaskPlan, capped_examples, check_runs_not_redone, examples_sha256, groups,
-                                 reuse_or_run, spec_record)
+                                 import_runs, reuse_or_run, spec_record)
 from detour.eval.tasks import load_spec, load_specs, shipped_tasks
 from detour.eval.validate import validate_tasks
 
@@ -69,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the first seed (default 0): jobs with their own --out can share out the seeds")
     parser.add_argument("--out", default="runs/eval", help="output folder for results.json / results.md")
     parser.add_argument("--data-root", default=None, help="where task paths resolve (default $DETOUR_DATA_ROOT or ../shared/data)")
+    parser.add_argument("--reuse-from", default=None, metavar="RESULTS_JSON",
+                        help="another results.json (an earlier call with more models): its runs of this command's "
+                             "models, tasks and seeds are reused when their key is unchanged; absent: nothing reused")
     add_budget_arguments(parser)
     parser.add_argument("--linear-probe", action="store_true", help="freeze the encoder; train the head only")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -148,6 +153,8 @@ def run(args) -> int:
         return 0
     if not args.models:
         raise DetourError("give at least one MODEL (an encoder folder or hub name)")
+    if args.reuse_from is not None and Path(args.reuse_from).name != "results.json":
+        raise DetourError(f"--reuse-from {args.reuse_from}: give a results.json written by detour eval")
 
     # Models keep the names the user typed (an alias such as minilm-l6 too): results.json and
     # results.md name them so; every loader resolves an alias to its folder.
@@ -234,6 +241,7 @@ def _dry_run(args, specs, budget: Budget) -> int:
         _say(f"task {spec.name}: " + ", ".join(f"{len(splits[k])} {k}" for k in ("train", "validation", "test"))
              + f" examples ({spec.type}, {spec.format})")
         tasks.append(TaskPlan(spec, None, _task_setting(spec, splits, budget, args)))
+    _reuse_from(args, tasks, weights, results)
     _, todo, report = reuse_or_run(tasks, args.models, _seeds(args), weights, results)
     for label in ("reused", "rerun", "new"):
         for line in groups(report[label]):
@@ -262,6 +270,7 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
         splits = every_split.pop(spec.name)
         tasks.append(TaskPlan(spec, splits, _task_setting(spec, splits, budget, args)))
     seeds = _seeds(args)
+    _reuse_from(args, tasks, weights, results)
     reused, todo, report = reuse_or_run(tasks, args.models, seeds, weights, results)
     planned = {(m, tp.spec.name, s) for tp in tasks for m in args.models for s in seeds}
     report["kept"] = check_runs_not_redone(results, planned, {tp.spec.name: tp.setting for tp in tasks}, weights)
@@ -275,6 +284,18 @@ def _plan(args, specs, budget: Budget, results: Results, checkpoints: EpochCheck
         if not any(t is tp for t, *_ in todo):
             tp.splits = None  # every run of the task is cached: its splits were needed for the key only
     return tasks, weights, reused, todo, report, resumable
+
+
+def _reuse_from(args, tasks: list[TaskPlan], weights: dict, results: Results) -> None:
+    """The runs of --reuse-from whose key equals this command's, into `results` (in memory; written with it)."""
+    if args.reuse_from is None:
+        return
+    path = Path(args.reuse_from)
+    if not path.is_file():
+        _say(f"reuse from {path}: not there, nothing to reuse")
+        return
+    taken = import_runs(results, Results.open(path.parent), tasks, args.models, _seeds(args), weights)
+    _say(f"reuse from {path}: {taken} run(s) with an unchanged key")
 
 
 def _resumable(todo: list, checkpoints: EpochCheckpoints, report: dict) -> dict:

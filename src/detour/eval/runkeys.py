@@ -126,6 +126,33 @@ def reuse_or_run(tasks: list[TaskPlan], models: list[str], seeds: list[int], wei
     return reused, todo, report
 
 
+def import_runs(results: Results, other: Results, tasks: list[TaskPlan], models: list[str], seeds: list[int],
+                weights: dict) -> int:
+    """Copy into `results` the runs of `other` that this command would reuse (the same task and seed,
+    and an unchanged key: weights, task setting), unless `results` already holds them so. The
+    records are copied whole (timings included): reusing one is reusing what it measured. The model
+    is matched by its weights, not its name: a study folder that moved names its models by their
+    new paths (the run is then recorded under this command's name)."""
+    taken = 0
+    for tp in tasks:
+        for model in models:
+            for seed in seeds:
+                key = {"weights": weights[model], "seed": seed, **tp.setting}
+                mine = results.find(model, tp.spec.name, seed)
+                if mine is not None and run_key(mine) == key:
+                    continue
+                same = [r for r in other.runs if r["task"] == tp.spec.name and r["seed"] == seed and run_key(r) == key]
+                if not same:
+                    continue
+                theirs = next((r for r in same if r["model"] == model), {**same[0], "model": model})
+                if mine is not None:
+                    results.runs[results.runs.index(mine)] = theirs
+                else:
+                    results.runs.append(theirs)
+                taken += 1
+    return taken
+
+
 def check_runs_not_redone(results: Results, planned: set, settings: dict, weights: dict) -> list[tuple]:
     """The earlier runs this command does not redo, kept; DetourError if one would share a table with
     this command's runs under other settings: a task's column (one task setting), a model's row (one

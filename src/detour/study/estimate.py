@@ -21,6 +21,9 @@ from __future__ import annotations
 import json
 import time
 from functools import lru_cache
+from pathlib import Path
+
+from detour.study.graph import SYNTHETIC_TASK
 
 EFFICIENCY = 0.6  # fraction of the matmul rate a training step reaches (measured on CPU, fp32; GPUs differ)
 STARTUP_S = 7.0  # a training step's process start, imports, model and data load (MiniLM on CPU)
@@ -87,27 +90,46 @@ def estimates(spec, steps) -> dict[str, str]:
             out[step.name] = f"{step.tokens:,} tokens{held_out}, {_duration(STARTUP_S + flops / rate)}"
     if spec.eval is not None and params:
         ev = spec.eval
-        per_task = ev.seeds * len(ev.arms or [s for s in steps if s.kind == "train"])
+        per_step = ev.seeds  # an eval:TASK:ARM step fine-tunes one arm over the seeds; the gather none
         for step in steps:
             if step.kind != "eval":
                 continue
-            synthetic = step.name == "eval:synthetic-ner" and ev.synthetic_ner is not None
+            task = step.name.split(":", 1)[1].rsplit(":", 1)[0]
+            synthetic = task == SYNTHETIC_TASK and ev.synthetic_ner is not None
             epochs, whose = task_epochs(ev, step, synthetic)
+            earlier = recorded_earlier(step)
             if epochs is None:
-                out[step.name] = f"{per_task} fine-tunes"
+                out[step.name] = f"{per_step} fine-tunes{earlier}"
                 continue
-            runs = f"{per_task} fine-tunes x {epochs} epoch{'s' if epochs != 1 else ''} ({whose})"
+            runs = f"{per_step} fine-tunes x {epochs} epoch{'s' if epochs != 1 else ''} ({whose})"
             examples = ev.synthetic_ner.train if synthetic else ev.max_train
             if examples is None:  # the task's own training set: its size is not known before loading it
-                out[step.name] = runs
+                out[step.name] = runs + earlier
                 continue
             if ev.max_train:
                 examples = min(examples, ev.max_train)
             # no vocabulary head in a fine-tune; batches are padded to their longest example, about
             # half the max length on sentence tasks
-            tokens = examples * epochs * (ev.max_length or 128) / 2 * per_task
-            out[step.name] = f"{runs}, {_duration(6 * (params - embeddings) * tokens / rate)}"
+            tokens = examples * epochs * (ev.max_length or 128) / 2 * per_step
+            out[step.name] = f"{runs}, {_duration(6 * (params - embeddings) * tokens / rate)}{earlier}"
     return out
+
+
+def recorded_earlier(step) -> str:
+    """For an arm's evaluation step not run yet in a study folder from before the per-arm steps: how many
+    of its runs the gathered results.json already holds (`detour eval --reuse-from` takes those whose
+    key is unchanged, so they are not fine-tuned again)."""
+    argv = step.argv or []
+    if "--reuse-from" not in argv or step.hash_of is None or step.hash_of.is_file():
+        return ""
+    gathered = Path(argv[argv.index("--reuse-from") + 1])
+    try:
+        runs = json.loads(gathered.read_text()).get("runs", []) if gathered.is_file() else []
+        # by the model's path inside the study (arms/ARM/model): a moved study folder's file names the old place
+        n = sum(1 for r in runs if Path(str(r.get("model"))).parts[-3:] == Path(argv[1]).parts[-3:])
+    except (OSError, ValueError, AttributeError):  # the step itself names a broken file
+        return ""
+    return f"; {n} in {gathered.parent.name}/results.json, reused if unchanged" if n else ""
 
 
 def validation_cost(recipe) -> tuple[int, int]:

@@ -9,7 +9,8 @@ Layout of the study folder OUT (what `detour report` reads):
     OUT/data/tasks/synthetic-ner/    the generated SYNTHETIC NER task, when the study asks for it
     OUT/arms/<arm>/                  `detour train` runs (recipe.json, metrics.jsonl, summary.json, model/)
     OUT/twins.json                   the stream checks over every arm (as `detour twins` writes them)
-    OUT/eval/<task>/results.json     `detour eval` of every evaluated arm on one task
+    OUT/eval/<task>/arms/<arm>/      `detour eval` of one arm on one task
+    OUT/eval/<task>/results.json     every evaluated arm's runs on that task, gathered
     OUT/analysis/<analysis>/         `detour analyze ...` outputs (JSON + PNG)
     OUT/needle/<arm>/                `detour needle` outputs
     OUT/report.md, OUT/report.html   `detour report OUT`
@@ -176,7 +177,7 @@ def build_steps(spec: StudySpec, out: Path) -> list[Step]:
                       hash_of=out / TWINS_FILE))
     evaluations = _eval_steps(spec, out, arms) if spec.eval is not None else []
     steps += _analysis_steps(spec, out, arms)
-    reportable = ["streams", *(s.name for s in evaluations if s.kind == "eval"),
+    reportable = ["streams", *(s.name for s in evaluations if s.kind == "gather"),
                   *(s.name for s in steps if s.kind in ("analysis", "needle"))]
     steps += evaluations
     if spec.report:
@@ -257,7 +258,10 @@ def _train_steps(out: Path, arms: dict, prepared: list[str], base: Recipe | None
 
 
 def _eval_steps(spec: StudySpec, out: Path, arms: dict) -> list[Step]:
-    """The synthetic task's generation (when asked for) and one `detour eval` step per task."""
+    """The synthetic task's generation (when asked for); per task, one `detour eval` step per evaluated arm
+    (eval:TASK:ARM, into OUT/eval/TASK/arms/ARM/, after that arm's training only) and the gather step
+    eval:TASK, which writes their runs into OUT/eval/TASK/results.json as one multi-arm call would
+    (detour.study.gather)."""
     ev = spec.eval
     evaluated = ev.arms or list(arms)
     options = []
@@ -291,11 +295,22 @@ def _eval_steps(spec: StudySpec, out: Path, arms: dict) -> list[Step]:
             tasks.append((task, ["--tasks", task], [SPEC_DIR / f"{task}.yaml"], []))
     for task, selector, inputs, deps in tasks:
         folder = out / "eval" / task
-        steps.append(Step(f"eval:{task}", "eval",
-                          argv=["eval", *[_model_dir(out, a) for a in evaluated], *selector, "--seeds", str(ev.seeds),
-                                *options, "--out", str(folder)],
-                          deps=[f"train:{a}" for a in evaluated] + deps, inputs=inputs,
-                          outputs=[folder / "results.json"], hash_of=folder / "results.json"))
+        gathered = folder / "results.json"
+        per_arm = []
+        for arm in evaluated:
+            own = folder / "arms" / arm
+            # --reuse-from: a study folder from before the per-arm steps holds every arm's runs in
+            # the gathered file; detour eval takes those whose key is unchanged instead of
+            # fine-tuning again (and after a gather, the file holds this arm's own runs)
+            per_arm.append(Step(f"eval:{task}:{arm}", "eval",
+                                argv=["eval", _model_dir(out, arm), *selector, "--seeds", str(ev.seeds), *options,
+                                      "--out", str(own), "--reuse-from", str(gathered)],
+                                deps=[f"train:{arm}"] + deps, inputs=inputs,
+                                outputs=[own / "results.json"], hash_of=own / "results.json"))
+        steps += per_arm
+        steps.append(Step(f"eval:{task}", "gather", deps=[s.name for s in per_arm],
+                          spec={"results": [str(s.hash_of) for s in per_arm]},
+                          outputs=[gathered, folder / "results.md"], hash_of=gathered))
     return steps
 
 

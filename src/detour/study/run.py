@@ -260,6 +260,10 @@ def _act(step: Step, spec: StudySpec, out: Path) -> None:
 
         t = spec.eval.synthetic_ner
         write_task(out / "data" / "tasks" / SYNTHETIC_TASK, (t.train, t.validation, t.test), seed=t.seed, lang=t.lang)
+    elif step.kind == "gather":
+        from detour.study.gather import run_gather
+
+        run_gather(step, out)
     elif step.kind == "report":
         from detour.report.render import write_report
 
