@@ -10,7 +10,6 @@ Everything is real: sbatch through submitit, squeue, scancel, gloo ranks started
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from tests.study.test_executors import SETS, _env, _events, small_study

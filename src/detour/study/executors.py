@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -472,7 +472,7 @@ class SlurmExecutor:
     def _ended(self, run: dict, state: str, rc: int | None) -> Outcome | None:
         name, job_id, step = run["step"].name, run["job_id"], run["step"]
         record = self.state.jobs.get(name, {})
-        self._copy_job_log(name, job_id, run["log"], rc)
+        self._copy_job_log(name, job_id, run["log"])
         if rc == 0:
             record["state"] = "done"
             self.state.save()
@@ -499,7 +499,7 @@ class SlurmExecutor:
         self.state.save()
         return Outcome(name, "failed", rc, f"SLURM job {job_id}; its output is in {run['log']}")
 
-    def _copy_job_log(self, name: str, job_id: str, log: Path, rc: int | None) -> None:
+    def _copy_job_log(self, name: str, job_id: str, log: Path) -> None:
         """submitit's own output of the job (a start-up failure, SLURM's messages) appended to the step's log."""
         folder = self._folder(name)
         for path in sorted(folder.glob(f"{job_id}_*_log.*")):
