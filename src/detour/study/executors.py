@@ -141,7 +141,7 @@ class LocalExecutor:
         self.running: dict[str, _Running] = {}
         self.finished: queue.Queue = queue.Queue()
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        gpus = visible_gpus()
+        gpus = visible_gpus() if jobs > 1 else []  # one at a time: the step sees the machine as before
         self.cpu_slices = _slices(cores, jobs)
         self.gpu_slices = _slices(gpus, jobs) if gpus else None
         self.free = list(range(jobs))
