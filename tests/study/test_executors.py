@@ -90,7 +90,7 @@ def _steps_seen(proc: subprocess.Popen) -> dict[int, dict]:
     return seen
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept across the other files a worker runs in between
 def two_ways(tmp_path_factory):
     """The same study with --jobs 1 (under the thread count a slice gets) and with --jobs 2."""
     if len(CORES) < 2:

@@ -64,7 +64,7 @@ def _study(tmp: Path, **changes) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept across the other files a worker runs in between
 def capacity(tmp_path_factory, minilm):
     tmp = tmp_path_factory.mktemp("sizes")
     study, out = _study(tmp), tmp / "out"

@@ -51,7 +51,8 @@ def _wait_for(what, timeout: float = 300, every: float = 0.1):
 
 
 def _alive(job_id: str) -> bool:
-    from detour.study.executors import ALIVE, job_states
+    from detour.study.executors import ALIVE
+    from detour.study.slurm import job_states
 
     return job_states([job_id])[job_id] in ALIVE
 
@@ -71,7 +72,7 @@ def _submitted(out: Path) -> dict[str, list[str]]:
     return ids
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept across the other files a worker runs in between
 def interrupted(slurm, tmp_path_factory):
     """A study of two 2-rank trainings under SLURM whose driver is killed (kill -9) while they run,
     whose detour training is scancelled half-way, then run again to the end; beside it, the detour's

@@ -26,9 +26,10 @@ from pathlib import Path
 
 from detour.errors import DetourError
 from detour.io import read_json_mapping, write_json
-from detour.runs import read_records
+from detour.runs import RunFolder, read_records
 
 SCHEMA = "detour.capacity/1"
+SIZES_SCHEMA = "detour.study-sizes/1"  # the study.json of a folder of sizes (detour.study.sizes writes it)
 FREEZE_ARMS = {"freeze_low": "freeze-low", "freeze_mid": "freeze-mid"}  # arm-name prefixes
 
 
@@ -64,18 +65,24 @@ def _mean(values):
 
 
 def _parameters(model_dir: Path) -> tuple[int, int, int, int] | None:
-    """(all parameters, token embeddings, layers, hidden) of an exported model, from its config alone."""
+    """(all parameters, token embeddings, layers, hidden) of an exported model, built on the meta
+    device from its config alone (no weights read)."""
     if not (model_dir / "config.json").is_file():
         return None
-    from detour.study.estimate import parameter_count
+    import torch
+    from transformers import AutoModelForMaskedLM
 
-    params, embeddings = parameter_count(json.dumps({"source": str(model_dir)}))
-    config = json.loads((model_dir / "config.json").read_text())
-    return params, embeddings, int(config["num_hidden_layers"]), int(config["hidden_size"])
+    from detour.model.load import load_config
+
+    _, config = load_config(str(model_dir))
+    with torch.device("meta"):
+        model = AutoModelForMaskedLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())
+    return params, config.vocab_size * config.hidden_size, int(config.num_hidden_layers), int(config.hidden_size)
 
 
 def _validation(folder: Path) -> list[dict]:
-    path = folder / "metrics.jsonl"
+    path = RunFolder(folder).metrics
     return [r for r in read_records(path) if r.get("kind") == "validation"] if path.is_file() else []
 
 
@@ -324,8 +331,6 @@ def is_sizes_folder(folder: str | Path) -> bool:
     if not path.is_file():
         return False
     try:
-        from detour.study.sizes import SIZES_SCHEMA
-
         return json.loads(path.read_text()).get("schema") == SIZES_SCHEMA
     except (OSError, ValueError):
         return False

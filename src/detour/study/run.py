@@ -41,7 +41,8 @@ from detour.io import write_json, write_text
 from detour.lock import folder_lock
 from detour.stop import RESUMABLE_EXIT, die_with_parent, stop_signals_to
 from detour.study.graph import BASE, SYNTHETIC_TASK, Step, build_steps, output_hash, step_key
-from detour.study.executors import Options, check_partitions, log_path, make_executor
+from detour.study.executors import Options, log_path, make_executor
+from detour.study.slurm import check_partitions
 from detour.study.hashes import ContentHashes
 from detour.study.spec import StudySpec, load_study
 from detour.runs import TWINS_FILE, RunFolder
@@ -181,11 +182,10 @@ def write_design(spec: StudySpec, out: Path, steps: list[Step]) -> None:
         "steps": [s.name for s in steps],
     }
     base = next((s for s in steps if s.kind == "base"), None)
-    if base is not None:
+    if base is not None:  # its recipe is written beside the arms' (the design lists arms only)
         design["base"] = describe_base(base.recipe)
-    write_json(out / "study.json", design)
-    if base is not None:
         recipes = {BASE: base.recipe, **recipes}
+    write_json(out / "study.json", design)
     for name, recipe in recipes.items():
         from detour.config import recipe_to_dict
 
@@ -435,7 +435,7 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
 
 def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options | None = None) -> None:
     from detour.study.estimate import estimates
-    from detour.study.executors import job_states
+    from detour.study.slurm import job_states
     from detour.study.resources import describe
 
     state = State(out)
@@ -469,7 +469,6 @@ def run_study(spec: StudySpec, out: Path, dry_run: bool = False, options: Option
         check_partitions(spec.resources)
     if spec.sizes is not None:  # one study per size, then the comparison across them
         from detour.study.sizes import run_sizes
-
         return run_sizes(spec, out, dry_run, lambda sub, folder, dry: run_study(sub, folder, dry, options))
     if out.exists() and not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")

@@ -17,9 +17,10 @@ from pathlib import Path
 from detour.errors import DetourError
 from detour.io import write_json
 from detour.lock import folder_lock
+from detour.report.capacity import SIZES_SCHEMA
 from detour.study.spec import StudySpec
 
-SIZES_SCHEMA = "detour.study-sizes/1"
+
 
 
 def size_spec(spec: StudySpec, size: str) -> StudySpec:
