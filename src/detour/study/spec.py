@@ -233,18 +233,14 @@ def check_references(spec: StudySpec, where: Path) -> None:
 
     for name, prep in spec.prepare.items():
         _check_held_out_count(where, name, prep)
-    if not spec.path(spec.train.recipe).is_file():
-        raise DetourError(f"study file {where}: train.recipe: {spec.path(spec.train.recipe)} not found")
-    for i, name in enumerate(spec.train.data or []):
-        if name not in spec.prepare:
-            raise DetourError(f"study file {where}: train.data.{i}: {name!r} is not a `prepare` entry "
-                              f"(entries: {', '.join(spec.prepare) or 'none'})")
-    if spec.base is not None:
-        if not spec.path(spec.base.recipe).is_file():
-            raise DetourError(f"study file {where}: base.recipe: {spec.path(spec.base.recipe)} not found")
-        for i, name in enumerate(spec.base.data or []):
+    for field, part in (("train", spec.train), ("base", spec.base)):  # the arms' recipe and data, the base's
+        if part is None:
+            continue
+        if not spec.path(part.recipe).is_file():
+            raise DetourError(f"study file {where}: {field}.recipe: {spec.path(part.recipe)} not found")
+        for i, name in enumerate(part.data or []):
             if name not in spec.prepare:
-                raise DetourError(f"study file {where}: base.data.{i}: {name!r} is not a `prepare` entry "
+                raise DetourError(f"study file {where}: {field}.data.{i}: {name!r} is not a `prepare` entry "
                                   f"(entries: {', '.join(spec.prepare) or 'none'})")
     if spec.sizes is not None:
         if spec.base is None:
