@@ -58,6 +58,7 @@ def _study(tmp: Path, **changes) -> Path:
     spec["eval"] = {"synthetic_ner": {"train": 24, "validation": 12, "test": 12}, "seeds": 2, "epochs": 1,
                     "max_length": 32, "arms": ["detour", "baseline"]}
     spec["analyses"] = {"cka": {"noise_floor": "baseline-seed2", "options": {"n": 12, "seeds": 1, "max_length": 32}}}
+    spec["report"] = False  # each size's own report is the ordinary study's, tested there; the comparison is here
     spec.update(changes)
     path = tmp / "study.yaml"
     path.write_text(yaml.safe_dump(spec))
