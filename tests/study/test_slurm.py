@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 
 from tests.study.test_executors import SETS, _env, _events, small_study
 
-# a training long enough to be caught half-way (a few hundred steps of a tiny model), two ranks
+# a training long enough to be caught half-way (about a hundred steps of a tiny model), two ranks
 TRAIN = [s for s in SETS if not s.startswith(("phases.0.tokens", "batch.micro_batch"))] + [
-    "phases.0.tokens=48k", "batch.micro_batch=2"]
+    "phases.0.tokens=24k", "batch.micro_batch=2"]
 
 
 def _driver(study: Path, out: Path, *flags: str) -> subprocess.Popen:
