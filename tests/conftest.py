@@ -49,9 +49,12 @@ def xdist_group_of(path: Path) -> str:
     return "tests/report" if rel.parts[:2] == ("tests", "report") else rel.as_posix()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # scripts/test.sh runs the suite on two workers (pytest-xdist, --dist loadgroup): each test
-    # file stays on one worker, so its module fixtures are built once.
+    # file stays on one worker, so its fixtures are built once. tryfirst: xdist's worker reads the
+    # xdist_group marks in its own hook of this name, registered after this file and so called
+    # before it; marks added later would group nothing.
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
