@@ -212,6 +212,33 @@ def test_the_estimate_counts_the_held_out_points_where_the_loop_scores_them(tmp_
     assert validation_cost(recipe_from_dict(tree, "none")) == (0, 0)
 
 
+def test_the_estimate_runs_the_vocabulary_head_only_where_there_are_labels(tmp_path):
+    from detour.config import load_recipe, recipe_from_dict, recipe_to_dict
+    from detour.study.estimate import training_flops
+
+    tree = recipe_to_dict(load_recipe(REPO / "recipes" / "tiny-modernbert.yaml"))
+    tree["phases"][0]["tokens"], tree["phases"][1]["tokens"] = 8000, 3000  # clm, then an MLM decay at 15%
+    tree.pop("validation", None)
+    body, head = 1000, 9000  # a small model: the head (vocabulary x hidden) outweighs the body
+    # CLM: the head on every position; MLM: on the masked 15% only
+    assert training_flops(recipe_from_dict(tree, "t"), body + head, head) == \
+        6 * 8000 * (body + head) + 6 * 3000 * (body + head * 0.15)
+    tree["phases"][1]["mask_rate"] = 0.3
+    assert training_flops(recipe_from_dict(tree, "t"), body + head, head) == \
+        6 * 8000 * (body + head) + 6 * 3000 * (body + head * 0.3)
+    # held out at the start and the CLM's end (a masked and a causal forward) and the decay's end
+    tree["data"]["seq_len"] = 128
+    tree["validation"] = {"sequences": 4, "mask_rate": 0.2}
+    seq = 4 * 128
+    assert training_flops(recipe_from_dict(tree, "t"), body + head, head) == \
+        6 * 8000 * (body + head) + 6 * 3000 * (body + head * 0.3) + \
+        2 * seq * (3 * (body + head * 0.2) + 2 * (body + head))
+    # a branch runs (and is costed for) the phases after its branch point only
+    tree["branch"] = {"run": str(tmp_path / "parent"), "after_phase": tree["phases"][0]["name"]}
+    tree.pop("validation")
+    assert training_flops(recipe_from_dict(tree, "b"), body + head, head) == 6 * 3000 * (body + head * 0.3)
+
+
 def test_a_training_step_is_estimated_with_its_start_up(tmp_path, monkeypatch):
     """Even a step of no FLOPs at all pays the process start, imports and model load."""
     from detour.study import estimate

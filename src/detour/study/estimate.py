@@ -3,7 +3,8 @@
     python -c "from detour.study.estimate import matmul_rate; print(matmul_rate() / 1e9, 'GFLOP/s')"
 
 Training costs about 6 x parameters FLOPs per token (forward and backward, the standard dense
-estimate; attention's extra term is left out, so long sequences cost more than this says); a
+estimate; attention's extra term is left out, so long sequences cost more than this says), the
+vocabulary head only on the positions with a label (`training_flops`); a
 fine-tune the same per example token, for the epochs it runs (the study's `eval.epochs`, else the
 task spec's, else the task default; the dry run says which). A run with `validation:` adds its held-out
 points: one forward (2 x parameters FLOPs a token) over the held-out sequences at each point, two
@@ -12,7 +13,7 @@ on the study's device times the efficiency a real step reaches (about 0.6 of it 
 A training step also pays a few seconds to start (STARTUP_S). Checked against the steps of the demo,
 studies/minilm-biomed-en.yaml and studies/minilm-decay-length.yaml run on 2 idle CPU cores, the
 measured times were 0.8-1.4x these estimates; ChemProt's fine-tunes 1.65-1.8x (its sentences are
-longer than half the max length). It is an order of magnitude for planning, printed as such;
+longer than half the max length); a 3 x 192 ModernBERT's trainings 0.49-0.60x. It is an order of magnitude for planning, printed as such;
 measured times of finished steps are in OUT/.study/state.json.
 """
 
@@ -84,9 +85,9 @@ def estimates(spec, steps) -> dict[str, str]:
                 params, embeddings = parameter_count(json.dumps((step.stand_in or step.recipe).model.model_dump()))
             except Exception:  # e.g. a hub model not on this machine: no estimate rather than no dry run
                 continue
-            points, forward_tokens = validation_cost(step.recipe)
+            points, _ = validation_cost(step.recipe)
             held_out = f" + {points} held-out point{'s' if points != 1 else ''}" if points else ""
-            flops = 6 * params * step.tokens + 2 * params * forward_tokens
+            flops = training_flops(step.recipe, params, embeddings)
             out[step.name] = f"{step.tokens:,} tokens{held_out}, {_duration(STARTUP_S + flops / rate)}"
     if spec.eval is not None and params:
         ev = spec.eval
@@ -113,6 +114,31 @@ def estimates(spec, steps) -> dict[str, str]:
             tokens = examples * epochs * (ev.max_length or 128) / 2 * per_step
             out[step.name] = f"{runs}, {_duration(6 * (params - embeddings) * tokens / rate)}{earlier}"
     return out
+
+
+def training_flops(recipe, params: int, embeddings: int) -> float:
+    """FLOPs of a training run's phases (after its branch point) and of its held-out points.
+
+    The body costs 6 per parameter per token; the vocabulary head (embeddings-sized) only on the
+    positions with a label: every one in a CLM phase, the masked share in an MLM phase
+    (detour.model.objectives runs the head on those rows alone). On a small model the head is most
+    of the parameters (30,522 x 192 against 0.94M in a 3 x 192 body), so counting it on every
+    position put an MLM base at 2.5x its time. A held-out point is one forward (2 per parameter per
+    token) with the head on the validation mask rate's share; at a CLM point a causal forward too,
+    with the head on every position.
+    """
+    body = params - embeddings
+    phases = recipe.phases
+    first = [p.name for p in phases].index(recipe.branch.after_phase) + 1 if recipe.branch else 0
+    flops = sum(6 * p.tokens * (body + embeddings * (1.0 if p.objective == "clm" else p.mask_rate))
+                for p in phases[first:])
+    points, forward_tokens = validation_cost(recipe)
+    if points:
+        per_point = recipe.validation.sequences * recipe.data.seq_len
+        clm_points = forward_tokens // per_point - points
+        flops += 2 * per_point * (points * (body + embeddings * recipe.validation.mask_rate)
+                                  + clm_points * (body + embeddings))
+    return flops
 
 
 def recorded_earlier(step) -> str:
