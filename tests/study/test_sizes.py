@@ -177,6 +177,30 @@ def test_the_long_base_study_differs_from_the_capacity_studys_smallest_size_by_t
         assert getattr(long, section) == getattr(capacity, section), section
 
 
+
+def test_the_long_base_capacity_study_differs_from_the_capacity_study_by_the_bases_length_alone(tmp_path):
+    # docs/reproduction/capacity.md compares the two capacity answers as the effect of the bases'
+    # length, and keeps the 3 x 192 of studies/modernbert-scratch-3x192-20m.yaml as this study's
+    # 3 x 192: both hold only while the recipes agree
+    from detour.study.graph import build_arms, build_base
+    from detour.study.sizes import size_spec
+
+    capacity = load_study(REPO / "studies" / "modernbert-scratch-capacity.yaml")
+    long = load_study(REPO / "studies" / "modernbert-scratch-capacity-20m.yaml")
+    assert long.base.recipe == capacity.base.recipe and long.base.data == capacity.base.data
+    assert not capacity.base.set and long.base.set == [
+        "phases.0.tokens=18M", "phases.1.tokens=2M", "validation.every_tokens=1M", "checkpoint.every_tokens=2M"]
+    for section in ("prepare", "sizes", "train", "arms", "eval", "analyses"):
+        assert getattr(long, section) == getattr(capacity, section), section
+    small = size_spec(long, "3x192")
+    alone = load_study(REPO / "studies" / "modernbert-scratch-3x192-20m.yaml")
+    base = build_base(small, tmp_path)
+    assert base.model_dump() == build_base(alone, tmp_path).model_dump()
+    assert base.phases[0].tokens + base.phases[1].tokens == 20_000_000
+    arms, alone_arms = build_arms(small, tmp_path, base), build_arms(alone, tmp_path, base)
+    assert {a: r.model_dump() for a, r in arms.items()} == {a: r.model_dump() for a, r in alone_arms.items()}
+
+
 def _summary(start_hash: str | None) -> dict:
     phase = {"objective": "mlm", "mask_rate": 0.15, "tokens": 100, "budget": 100, "stream_hash": "s",
              "mask_hash": "m", "final_loss": 1.0}
