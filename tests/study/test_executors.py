@@ -263,15 +263,39 @@ def test_sigterm_stops_every_running_step_which_saves_and_the_study_exits_75(tmp
         assert list((out / "arms" / arm / "checkpoints").glob("step-*"))
 
 
-def test_a_training_step_of_two_tasks_runs_under_torchrun_locally(tmp_path):
-    train = [s for s in SETS if not s.startswith("batch.micro_batch")] + ["batch.micro_batch=2"]
+def test_a_training_step_of_two_tasks_runs_under_torchrun_locally_and_resumes_after_a_stop_from_outside(tmp_path):
+    train = [s for s in SETS if not s.startswith(("batch.micro_batch", "phases.0.tokens"))] + [
+        "batch.micro_batch=2", "phases.0.tokens=24k"]
     study = small_study(tmp_path, eval=None, resources={"train": {"tasks": 2}},
                         train={"recipe": str(REPO / "recipes" / "tiny-modernbert.yaml"), "data": ["corpus"], "set": train})
     out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "detour.cli", "study", str(study), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(1))
+    metrics = out / "arms" / "detour" / "metrics.jsonl"
+    end = time.time() + 300
+    while not (metrics.is_file() and '"loss"' in metrics.read_text()):
+        assert proc.poll() is None and time.time() < end, "the detour arm should be training by now"
+        time.sleep(0.1)
+    # a stop from outside the study (a user's kill, a node's shutdown): the launcher gets SIGTERM, and
+    # the study is not signalled itself
+    launcher = [p for p in psutil.Process(proc.pid).children(recursive=True) if "detour.study.torchrun" in p.cmdline()]
+    assert len(launcher) == 1, [p.cmdline() for p in psutil.Process(proc.pid).children(recursive=True)]
+    launcher[0].send_signal(signal.SIGTERM)
+    stdout, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, stdout + err
+    assert "stopped during train:detour; run the same command again" in err
+    assert [e["event"] for e in _events(out) if e["step"] == "train:detour"][-1] == "stopped"
+    log = out / ".study" / "logs" / "train-detour.log"
+    assert "checkpoint saved at" in log.read_text()
+    stopped_at = max(int(p.name.split("-")[1]) for p in (out / "arms" / "detour" / "checkpoints").glob("step-*"))
+
     result = _study(study, out)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"  $ torchrun --nproc-per-node 2 detour train {out.resolve() / '.study' / 'recipes' / 'detour.json'}" \
         in result.stdout
+    resumed = log.read_text().rsplit("$ detour train", 1)[1]  # the rerun's output
+    first = next(line for line in resumed.splitlines() if " phase clm tokens " in line)
+    assert f" step {stopped_at} phase clm tokens {stopped_at * 256:,}/24,000 " in first, resumed  # not from step 0
     for arm in ("detour", "baseline"):  # every checkpoint of the run was written by a world of 2 processes
         states = [json.loads(p.read_text()) for p in (out / "arms" / arm / "checkpoints").glob("*/state.json")]
         assert states and {s["world_size"] for s in states} == {2}, states

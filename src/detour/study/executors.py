@@ -91,10 +91,11 @@ def log_path(state_dir: Path, step_name: str) -> Path:
 
 
 def _command(step, res: StepResources) -> list[str]:
-    """The process to start for a step: detour itself, or torchrun for a training of several tasks."""
+    """The process to start for a step: detour itself, or torchrun for a training of several tasks (through
+    detour.study.torchrun, which exits 75 when the ranks were stopped, so the step resumes on a rerun)."""
     tasks = res.tasks or 1
     if step.kind in TRAINING and tasks > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tasks),
+        return [sys.executable, "-m", "detour.study.torchrun", "--standalone", "--nproc-per-node", str(tasks),
                 "-m", "detour.cli", *step.argv]
     return [sys.executable, "-m", "detour.cli", *step.argv]
 
