@@ -139,6 +139,39 @@ def test_the_capacity_report_puts_the_sizes_side_by_side(capacity):
     assert (capacity / "report.md").read_text() == before
 
 
+def test_size_runs_only_the_sizes_named_and_compares_those_that_finished(capacity, tmp_path, capsys):
+    import shutil
+
+    # a copy of a finished size is that size done: --size reruns nothing of it and starts no other size
+    out = tmp_path / "out"
+    shutil.copytree(capacity / "sizes" / "3x32", out / "sizes" / "3x32")
+    (out / ".study").mkdir()
+    assert main(["study", str(_study(tmp_path)), "--out", str(out), "--size", "3x32"]) == 0
+    text = capsys.readouterr().out
+    assert "== size 3x32" in text and "== size 3x48" not in text
+    assert "0 steps run" in text
+    assert not (out / "sizes" / "3x48").exists()
+    data = json.loads((out / "study.json").read_text())
+    assert list(data["sizes"]) == list(SIZES)  # the study's sizes, all of them: the others are still to come
+    rows = {r["size"]: r for r in json.loads((out / "capacity.json").read_text())["sizes"]}
+    assert rows["3x32"]["delta"] is not None and not rows["3x32"]["missing"]
+    assert "the base model" in rows["3x48"]["missing"]
+    assert "Not there yet: 3x48" in (out / "report.md").read_text()
+
+
+def test_size_plans_only_the_sizes_named_and_refuses_a_size_the_study_lacks(tmp_path, capsys, minilm):
+    study = _study(tmp_path)
+    assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run", "--size", "3x48"]) == 0
+    text = capsys.readouterr().out
+    assert "this run: 3x48" in text and "== size 3x48" in text and "== size 3x32" not in text
+    assert main(["study", str(study), "--out", str(tmp_path / "out"), "--size", "3x48", "--size", "9x9"]) == 2
+    err = capsys.readouterr().err
+    assert "--size 9x9" in err and "3x32, 3x48" in err
+    assert main(["study", str(REPO / "studies" / "tiny.yaml"), "--out", str(tmp_path / "out"), "--size", "3x32"]) == 2
+    assert "has no sizes" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
 def test_a_base_recipe_with_a_clm_phase_is_refused_naming_the_field(tmp_path, capsys, minilm):
     study = _study(tmp_path)
     base = yaml.safe_load(Path(yaml.safe_load(study.read_text())["base"]["recipe"]).read_text())

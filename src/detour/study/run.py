@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="the study file (YAML; see docs/study.md and studies/)")
     parser.add_argument("--out", required=True, help="the study folder (created; rerun with the same --out to continue)")
     parser.add_argument("--dry-run", action="store_true", help="print the steps, their state and estimates; run nothing")
+    parser.add_argument("--size", action="append", metavar="NAME",
+                        help="a study with sizes: run (or plan) only this size; repeat for several. The comparison "
+                             "is written over the sizes that have finished")
     add_executor_arguments(parser)
 
 
@@ -462,14 +465,18 @@ def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options |
           f"estimates are rough (FLOPs at a measured matmul rate), not promises")
 
 
-def run_study(spec: StudySpec, out: Path, dry_run: bool = False, options: Options | None = None) -> int:
+def run_study(spec: StudySpec, out: Path, dry_run: bool = False, options: Options | None = None,
+              sizes: list[str] | None = None) -> int:
     options = options or Options()
     options.check()
+    if sizes and spec.sizes is None:
+        raise DetourError(f"--size {', '.join(sizes)}: study {spec.name} has no sizes: (a study file with a "
+                          "sizes: section runs once per size)")
     if options.executor == "slurm":
         check_partitions(spec.resources)
     if spec.sizes is not None:  # one study per size, then the comparison across them
         from detour.study.sizes import run_sizes
-        return run_sizes(spec, out, dry_run, lambda sub, folder, dry: run_study(sub, folder, dry, options))
+        return run_sizes(spec, out, dry_run, lambda sub, folder, dry: run_study(sub, folder, dry, options), sizes)
     if out.exists() and not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / ".study").is_dir():
@@ -497,4 +504,4 @@ def run_study(spec: StudySpec, out: Path, dry_run: bool = False, options: Option
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_study(load_study(args.study), Path(args.out), args.dry_run, executor_options(args))
+    return run_study(load_study(args.study), Path(args.out), args.dry_run, executor_options(args), args.size)

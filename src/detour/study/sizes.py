@@ -8,6 +8,12 @@ OUT/sizes/NAME/ (its own steps, cache, report), whose base recipe gets the size'
 comparison across them is written to OUT/capacity.json, OUT/report.md and OUT/report.html
 (detour.report.capacity; `detour report OUT` rewrites it). A size that stops or fails stops the
 run: rerunning the same command keeps what finished, as any study does.
+
+`--size NAME` (repeatable) runs or plans only the sizes named, for instance each size on a machine
+of its own with the same --out on a shared disk, or the smaller sizes first; the comparison is then
+written over the sizes that have finished, and names the others as not there yet.
+
+    detour study studies/modernbert-scratch-capacity-20m.yaml --out runs/capacity-20m --size 4x256
 """
 
 from __future__ import annotations
@@ -42,9 +48,22 @@ def size_folder(out: Path, size: str) -> Path:
     return Path(out) / "sizes" / size
 
 
-def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one) -> int:
-    """Run (or plan) each size's study with `run_one(spec, folder, dry_run)`, then the comparison."""
+def chosen_sizes(spec: StudySpec, only: list[str] | None) -> list[str]:
+    """The sizes to run: all of the study's, or those `--size` names (checked before anything runs)."""
+    if not only:
+        return list(spec.sizes)
+    unknown = [s for s in only if s not in spec.sizes]
+    if unknown:
+        raise DetourError(f"--size {', '.join(unknown)}: not a size of study {spec.name} "
+                          f"(its sizes: {', '.join(spec.sizes)})")
+    return [s for s in spec.sizes if s in only]  # the study file's order
+
+
+def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str] | None = None) -> int:
+    """Run (or plan) each size's study with `run_one(spec, folder, dry_run)`, then the comparison;
+    with `only`, just those sizes."""
     out = Path(out)
+    chosen = chosen_sizes(spec, only)
     if out.exists() and not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / ".study").is_dir():
@@ -52,8 +71,10 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one) -> int:
                           "choose a new or empty folder")
     studies = {size: size_spec(spec, size) for size in spec.sizes}
     if dry_run:
-        print(f"study {spec.name}: {len(studies)} sizes ({', '.join(studies)}), each a study in {out / 'sizes'}/")
-        for size, sub in studies.items():
+        print(f"study {spec.name}: {len(studies)} sizes ({', '.join(studies)}), each a study in {out / 'sizes'}/"
+              + (f"; this run: {', '.join(chosen)}" if len(chosen) < len(studies) else ""))
+        for size in chosen:
+            sub = studies[size]
             print(f"\n== size {size}")
             rc = run_one(sub, size_folder(out, size), True)
             if rc:
@@ -64,9 +85,9 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one) -> int:
     with folder_lock(out):
         write_json(out / "study.json", {"schema": SIZES_SCHEMA, "name": spec.name, "description": spec.description,
                                         "sizes": {s: str(Path("sizes") / s) for s in studies}})
-        for size, sub in studies.items():
+        for size in chosen:
             print(f"== size {size}: {size_folder(out, size)}", flush=True)
-            rc = run_one(sub, size_folder(out, size), False)
+            rc = run_one(studies[size], size_folder(out, size), False)
             if rc:
                 print(f"detour study: size {size} did not finish (exit {rc}); run the same command again to "
                       "continue (finished steps are kept)")
