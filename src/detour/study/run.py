@@ -55,21 +55,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="the study file (YAML; see docs/study.md and studies/)")
     parser.add_argument("--out", required=True, help="the study folder (created; rerun with the same --out to continue)")
     parser.add_argument("--dry-run", action="store_true", help="print the steps, their state and estimates; run nothing")
-    parser.add_argument("--size", action="append", metavar="NAME",
-                        help="a study with sizes: run (or plan) only this size; repeat for several. The comparison "
-                             "is written over the sizes that have finished")
+    parser.add_argument("--size", action="append", metavar="NAME", help="only this size of a study with sizes "
+                        "(repeatable); the comparison is written over the sizes that have finished")
     add_executor_arguments(parser)
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", choices=("local", "slurm"), default="local",
                         help="where steps run: this machine (default) or one SLURM job a step (docs/cluster.md)")
-    parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="steps at once: locally each gets 1/N of the cores (or one GPU); default 1 locally, "
-                             "no limit on SLURM")
-    parser.add_argument("--cancel-on-exit", action="store_true",
-                        help="with --executor slurm: scancel the study's jobs when it is stopped (default: leave "
-                             "them to the cluster; a rerun reattaches)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N", help="steps at once: locally each gets "
+                        "1/N of the cores (or one GPU); default 1 locally, no limit on SLURM")
+    parser.add_argument("--cancel-on-exit", action="store_true", help="with --executor slurm: scancel the study's "
+                        "jobs when it is stopped (default: leave them to the cluster; a rerun reattaches)")
 
 
 def executor_options(args: argparse.Namespace) -> Options:
@@ -465,16 +462,12 @@ def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options |
           f"estimates are rough (FLOPs at a measured matmul rate), not promises")
 
 
-def run_study(spec: StudySpec, out: Path, dry_run: bool = False, options: Options | None = None,
-              sizes: list[str] | None = None) -> int:
+def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None = None, sizes=None) -> int:
     options = options or Options()
     options.check()
-    if sizes and spec.sizes is None:
-        raise DetourError(f"--size {', '.join(sizes)}: study {spec.name} has no sizes: (a study file with a "
-                          "sizes: section runs once per size)")
     if options.executor == "slurm":
         check_partitions(spec.resources)
-    if spec.sizes is not None:  # one study per size, then the comparison across them
+    if spec.sizes is not None or sizes:  # one study per size, then the comparison across them
         from detour.study.sizes import run_sizes
         return run_sizes(spec, out, dry_run, lambda sub, folder, dry: run_study(sub, folder, dry, options), sizes)
     if out.exists() and not out.is_dir():

@@ -50,6 +50,9 @@ def size_folder(out: Path, size: str) -> Path:
 
 def chosen_sizes(spec: StudySpec, only: list[str] | None) -> list[str]:
     """The sizes to run: all of the study's, or those `--size` names (checked before anything runs)."""
+    if spec.sizes is None:
+        raise DetourError(f"--size {', '.join(only)}: study {spec.name} has no sizes: (a study file with a "
+                          "sizes: section runs once per size)")
     if not only:
         return list(spec.sizes)
     unknown = [s for s in only if s not in spec.sizes]
