@@ -159,6 +159,46 @@ def test_size_runs_only_the_sizes_named_and_compares_those_that_finished(capacit
     assert "Not there yet: 3x48" in (out / "report.md").read_text()
 
 
+def test_drivers_of_different_sizes_run_at_once_into_one_out_and_one_size_never_twice(capacity, tmp_path, capsys):
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from detour.lock import holder
+
+    out = tmp_path / "out"
+    shutil.copytree(capacity / "sizes" / "3x32", out / "sizes" / "3x32")
+    (out / ".study").mkdir()
+    # the 3x48's base made long, so that its driver is still running while the others are tried
+    long_base = yaml.safe_load(_study(tmp_path).read_text())["sizes"]
+    long_base["3x48"]["set"] += ["phases.0.tokens=50M"]
+    study = _study(tmp_path, sizes=long_base)
+    other = subprocess.Popen([sys.executable, "-m", "detour.cli", "study", str(study), "--out", str(out),
+                              "--size", "3x48"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    try:
+        end = time.time() + 300
+        while holder(out / "sizes" / "3x48") is None:
+            assert other.poll() is None, other.communicate()[0]
+            assert time.time() < end, "the 3x48's driver should be running by now"
+            time.sleep(0.1)
+        # the 3x48 a second time is refused, naming the driver that runs it
+        assert main(["study", str(study), "--out", str(out), "--size", "3x48"]) == 2
+        assert f"pid {other.pid} " in capsys.readouterr().err
+        # another size runs into the same OUT meanwhile, and writes the comparison
+        assert main(["study", str(study), "--out", str(out), "--size", "3x32"]) == 0
+        assert "0 steps run" in capsys.readouterr().out
+        assert "Not there yet: 3x48" in (out / "report.md").read_text()
+        assert other.poll() is None  # undisturbed
+    finally:
+        other.send_signal(signal.SIGTERM)
+        text = other.communicate(timeout=300)[0]
+    assert other.returncode == 75, text  # stopped, to continue on the next run
+
+
 def test_size_plans_only_the_sizes_named_and_refuses_a_size_the_study_lacks(tmp_path, capsys, minilm):
     study = _study(tmp_path)
     assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run", "--size", "3x48"]) == 0

@@ -11,22 +11,24 @@ run: rerunning the same command keeps what finished, as any study does.
 
 `--size NAME` (repeatable) runs or plans only the sizes named, for instance each size on a machine
 of its own with the same --out on a shared disk, or the smaller sizes first; the comparison is then
-written over the sizes that have finished, and names the others as not there yet.
+written over the sizes that have finished, and names the others as not there yet. Drivers of
+different sizes may run at once into one OUT (each size's folder has its own lock; OUT's is taken
+only to write study.json and the comparison); the same size twice is refused.
 
     detour study studies/modernbert-scratch-capacity-20m.yaml --out runs/capacity-20m --size 4x256
 """
 
 from __future__ import annotations
 
+import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from detour.errors import DetourError
 from detour.io import write_json
-from detour.lock import folder_lock
+from detour.lock import FolderLocked, folder_lock
 from detour.report.capacity import SIZES_SCHEMA
 from detour.study.spec import StudySpec
-
-
 
 
 def size_spec(spec: StudySpec, size: str) -> StudySpec:
@@ -85,18 +87,38 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
         print(f"\nthen: the capacity comparison across sizes -> {out / 'report.md'}")
         return 0
     (out / ".study").mkdir(parents=True, exist_ok=True)
-    with folder_lock(out):
+    # OUT's own lock is held only while OUT's files are written. Each size is an ordinary study that
+    # holds its own folder's lock for its whole run, so drivers of different sizes (one machine each,
+    # or one SLURM driver each, on a shared --out) run side by side, and one size never runs twice.
+    with _out_lock(out):
         write_json(out / "study.json", {"schema": SIZES_SCHEMA, "name": spec.name, "description": spec.description,
                                         "sizes": {s: str(Path("sizes") / s) for s in studies}})
-        for size in chosen:
-            print(f"== size {size}: {size_folder(out, size)}", flush=True)
-            rc = run_one(studies[size], size_folder(out, size), False)
-            if rc:
-                print(f"detour study: size {size} did not finish (exit {rc}); run the same command again to "
-                      "continue (finished steps are kept)")
-                return rc
-        from detour.report.capacity import write_capacity_report
+    for size in chosen:
+        print(f"== size {size}: {size_folder(out, size)}", flush=True)
+        rc = run_one(studies[size], size_folder(out, size), False)
+        if rc:
+            print(f"detour study: size {size} did not finish (exit {rc}); run the same command again to "
+                  "continue (finished steps are kept)")
+            return rc
+    from detour.report.capacity import write_capacity_report
 
+    with _out_lock(out):
         written = write_capacity_report(out)
     print(f"capacity comparison: {written['markdown']} and {written['html']}")
     return 0
+
+
+@contextmanager
+def _out_lock(out: Path, wait_s: float = 60.0):
+    """OUT's lock, waited for: the other drivers of a sized study hold it for a file's write at a time."""
+    end, stack = time.monotonic() + wait_s, ExitStack()
+    while True:
+        try:
+            stack.enter_context(folder_lock(out))
+            break
+        except FolderLocked:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.5)
+    with stack:
+        yield
