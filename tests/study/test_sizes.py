@@ -126,11 +126,13 @@ def test_the_capacity_report_puts_the_sizes_side_by_side(capacity):
     assert rows["3x32"]["non_embedding_parameters"] < rows["3x48"]["non_embedding_parameters"]
     for row in rows.values():
         assert row["base_mlm_loss"] is not None and len(row["base_curve"]) >= 3
+        assert "base_slope" in row
         assert row["detour_mlm_loss"] is not None and row["twin_mlm_loss"] is not None
         assert row["delta"] is not None and row["p_value"] is not None and row["ci"] is not None
         assert set(row["cka_r"]) == {"low", "mid", "late"}
     md = (capacity / "report.md").read_text()
     assert "| size | layers x hidden |" in md and "capacity.png" in md
+    assert "base loss change per 1M tokens" in md
     assert (capacity / "report-figures" / "capacity.png").is_file()
     assert "SYNTHETIC" in md
     # `detour report` rewrites the same comparison

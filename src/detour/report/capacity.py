@@ -4,8 +4,9 @@
 
 For each size (OUT/sizes/NAME/, an ordinary study folder) it reads what that study's own report
 reads, and puts side by side: the parameters (all, and without the token embeddings), the base's
-held-out MLM loss at the end of its pretraining and its curve, the detour's and the twin's held-out
-MLM loss at the end of the decay, their downstream average, the pooled paired difference with its
+held-out MLM loss at the end of its pretraining, its curve and how flat it had become (the slope
+over the last third of its constant-rate phase), the detour's and the twin's held-out MLM loss at
+the end of the decay, their downstream average, the pooled paired difference with its
 95% bootstrap interval and sign-flip p (detour.report.tables, as `detour compare` counts them), the
 CKA seed-noise ratio r per layer group (low / mid / late, scaled with depth as the freeze groups
 are: detour.model.freeze.layer_group_ranges), and the freeze arms' differences against the twin.
@@ -44,6 +45,7 @@ class SizeRow:
     base_tokens: int | None = None
     base_mlm_loss: float | None = None  # held-out, at the end of the base's pretraining
     base_curve: list[tuple[int, float]] = field(default_factory=list)  # (tokens, held-out MLM loss)
+    base_slope: float | None = None  # held-out MLM loss change per 1M tokens, last third of the first phase
     detour_mlm_loss: float | None = None  # held-out, end of the decay
     twin_mlm_loss: float | None = None
     detour_score: float | None = None  # downstream average over tasks (0-1)
@@ -81,6 +83,22 @@ def _parameters(model_dir: Path) -> tuple[int, int, int, int] | None:
     return params, config.vocab_size * config.hidden_size, int(config.num_hidden_layers), int(config.hidden_size)
 
 
+def base_slope(points: list[dict]) -> float | None:
+    """How flat the base had become: the least-squares slope of its held-out MLM loss per 1M tokens over
+    the last third of its first (constant-rate) phase, where an anneal cannot be mistaken for
+    convergence. None with fewer than two points there."""
+    first = next((r.get("phase") for r in points if "mlm_loss" in r), None)
+    xs_ys = [(float(r["run_tokens"]), float(r["mlm_loss"])) for r in points
+             if "mlm_loss" in r and r.get("phase") == first]
+    if not xs_ys:
+        return None
+    start = xs_ys[0][0] + 2 * (xs_ys[-1][0] - xs_ys[0][0]) / 3
+    tail = [(x, y) for x, y in xs_ys if x >= start]  # never empty: the last point is in it
+    mx, my = sum(x for x, _ in tail) / len(tail), sum(y for _, y in tail) / len(tail)
+    sxx = sum((x - mx) ** 2 for x, _ in tail)
+    return 1e6 * sum((x - mx) * (y - my) for x, y in tail) / sxx if sxx else None
+
+
 def _validation(folder: Path) -> list[dict]:
     path = RunFolder(folder).metrics
     return [r for r in read_records(path) if r.get("kind") == "validation"] if path.is_file() else []
@@ -104,6 +122,7 @@ def size_row(size: str, folder: Path) -> SizeRow:
     row.base_curve = [(int(r["run_tokens"]), float(r["mlm_loss"])) for r in base_points if "mlm_loss" in r]
     if row.base_curve:
         row.base_tokens, row.base_mlm_loss = row.base_curve[-1]
+        row.base_slope = base_slope(base_points)
     else:
         row.missing.append("the base's held-out loss")
     if not (folder / "study.json").is_file():
@@ -182,6 +201,7 @@ def _freeze(cell: dict | None) -> str:
 
 def table_rows(rows: list[SizeRow]) -> tuple[list[str], list[list[str]]]:
     header = ["size", "layers x hidden", "parameters (non-embedding)", "base held-out MLM loss",
+              "base loss change per 1M tokens, end of constant rate",
               "detour / twin held-out MLM loss, decay end", "downstream detour / twin", "delta [95% CI]", "p",
               "CKA r low / mid / late", "freeze-low delta", "freeze-mid delta"]
     body = []
@@ -189,6 +209,7 @@ def table_rows(rows: list[SizeRow]) -> tuple[list[str], list[list[str]]]:
         score = "–" if r.detour_score is None else f"{100 * r.detour_score:.2f} / {100 * (r.twin_score or 0):.2f}"
         body.append([r.size, f"{r.layers} x {r.hidden}" if r.layers else "–",
                      f"{_m(r.parameters)} ({_m(r.non_embedding_parameters)})", _f(r.base_mlm_loss),
+                     "–" if r.base_slope is None else f"{r.base_slope:+.3f}",
                      f"{_f(r.detour_mlm_loss)} / {_f(r.twin_mlm_loss)}", score, f"{_pts(r.delta)} {_ci(r.ci)}",
                      _p(r.p_value), " / ".join(_f(r.cka_r.get(g), 2) for g in ("low", "mid", "late")),
                      _freeze(r.freeze.get("freeze_low")), _freeze(r.freeze.get("freeze_mid"))])
@@ -286,7 +307,9 @@ def build_page(out: Path, rows: list[SizeRow]):
     page.para("Parameters: all of the masked LM's, and without the token embeddings (the head's decoder is "
               "tied to them). Held-out MLM loss: the fixed-mask score of each run's held-out documents (the base "
               "on its pretraining text's held-out split, the arms on theirs), at the end of the base's "
-              "pretraining and of the arms' decay. Downstream: the average over tasks of the mean over seeds of "
+              "pretraining and of the arms' decay. Base loss change per 1M tokens: the least-squares slope of the "
+              "base's held-out MLM loss over the last third of its constant-rate phase (before any anneal); a "
+              "base that has flattened shows about zero. Downstream: the average over tasks of the mean over seeds of "
               "each task's headline metric (x 100); delta: detour − twin, pooled over tasks x seeds, with the "
               "paired bootstrap's 95% interval and the sign-flip p of each size's own report. CKA r: mean "
               "divergence d(detour, twin) over the group's layers over the same for the second-seed twin (the "
