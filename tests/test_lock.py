@@ -43,6 +43,22 @@ def test_a_second_writer_is_refused_naming_the_first_and_a_kill_9_leaves_no_stal
     assert not (folder / LOCK_FILE).exists()
 
 
+def test_a_writer_that_waits_takes_the_lock_once_the_holder_lets_go_and_one_that_does_not_is_refused(tmp_path):
+    folder = tmp_path / "run"
+    brief = HOLD.replace("time.sleep(60)", "time.sleep(1.5)")
+    first = subprocess.Popen([sys.executable, "-c", brief, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        with pytest.raises(FolderLocked):
+            with folder_lock(folder):
+                pass
+        with folder_lock(folder, wait_s=30):
+            assert first.poll() is not None  # taken only after the holder let go
+            assert f"pid {os.getpid()}" in (folder / LOCK_FILE).read_text()
+    finally:
+        first.kill()
+
+
 def test_the_holder_may_take_it_again_and_a_folder_it_made_and_left_empty_goes(tmp_path):
     folder = tmp_path / "new"
     with folder_lock(folder):

@@ -72,14 +72,18 @@ def _describe(path: Path) -> str:
     return f"pid {fields['pid']} ({fields.get('command', 'unknown command')}, since {fields.get('started', '?')})"
 
 
-def _acquire(folder: Path) -> int:
-    path = folder / LOCK_FILE
+def _acquire(folder: Path, wait_s: float) -> int:
+    path, end = folder / LOCK_FILE, time.monotonic() + wait_s
     while True:
+        folder.mkdir(parents=True, exist_ok=True)  # a holder that made it empty removes it on letting go
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
+            if time.monotonic() < end:
+                time.sleep(0.2)
+                continue
             raise FolderLocked(f"{folder} is in use: {_describe(path)} is writing into it. Wait for it to "
                                "finish or stop it, then rerun; two writers in one folder would undo each "
                                "other's work") from None
@@ -96,9 +100,11 @@ def _acquire(folder: Path) -> int:
 
 
 @contextmanager
-def folder_lock(folder: str | Path, enabled: bool = True, remove_if_empty: bool | None = None) -> Iterator[Path]:
+def folder_lock(folder: str | Path, enabled: bool = True, remove_if_empty: bool | None = None,
+                wait_s: float = 0.0) -> Iterator[Path]:
     """Hold FOLDER's lock inside the block (the folder is created if missing); FolderLocked if another
-    live process holds it.
+    live process holds it (still, after waiting up to `wait_s` seconds for it to let go: for folders
+    that several processes take in turn, a file's write at a time).
 
     The lock file goes when the block ends. A folder this call created and that is empty then is
     removed again, so a command that fails before writing anything leaves no empty folder behind.
@@ -121,7 +127,7 @@ def folder_lock(folder: str | Path, enabled: bool = True, remove_if_empty: bool 
         finally:
             _HELD[key][1] -= 1
         return
-    fd = _acquire(folder)
+    fd = _acquire(folder, wait_s)
     try:
         os.ftruncate(fd, 0)
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")

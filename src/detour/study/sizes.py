@@ -20,13 +20,11 @@ only to write study.json and the comparison); the same size twice is refused.
 
 from __future__ import annotations
 
-import time
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from detour.errors import DetourError
 from detour.io import write_json
-from detour.lock import FolderLocked, folder_lock
+from detour.lock import folder_lock
 from detour.report.capacity import SIZES_SCHEMA
 from detour.study.spec import StudySpec
 
@@ -90,7 +88,7 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
     # OUT's own lock is held only while OUT's files are written. Each size is an ordinary study that
     # holds its own folder's lock for its whole run, so drivers of different sizes (one machine each,
     # or one SLURM driver each, on a shared --out) run side by side, and one size never runs twice.
-    with _out_lock(out):
+    with folder_lock(out, wait_s=60):  # the other sizes' drivers hold it a file's write at a time
         write_json(out / "study.json", {"schema": SIZES_SCHEMA, "name": spec.name, "description": spec.description,
                                         "sizes": {s: str(Path("sizes") / s) for s in studies}})
     for size in chosen:
@@ -102,23 +100,8 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
             return rc
     from detour.report.capacity import write_capacity_report
 
-    with _out_lock(out):
+    with folder_lock(out, wait_s=60):
         written = write_capacity_report(out)
     print(f"capacity comparison: {written['markdown']} and {written['html']}")
     return 0
 
-
-@contextmanager
-def _out_lock(out: Path, wait_s: float = 60.0):
-    """OUT's lock, waited for: the other drivers of a sized study hold it for a file's write at a time."""
-    end, stack = time.monotonic() + wait_s, ExitStack()
-    while True:
-        try:
-            stack.enter_context(folder_lock(out))
-            break
-        except FolderLocked:
-            if time.monotonic() > end:
-                raise
-            time.sleep(0.5)
-    with stack:
-        yield
