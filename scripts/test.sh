@@ -11,7 +11,7 @@ set +e
 # Two workers (pytest-xdist), a test file per worker at a time: most tests wait on a subprocess
 # or import torch, so two cores run the suite in well under the serial time. DETOUR_TEST_WORKERS=0
 # runs it in one process.
-.venv/bin/python -m pytest -q --durations=10 -n "${DETOUR_TEST_WORKERS:-2}" --dist loadgroup "$@"  # the slowest tests listed: the suite keeps under 10 minutes
+.venv/bin/python -m pytest -q --durations=10 -n "${DETOUR_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder "$@"  # the slowest tests listed: the suite keeps under 10 minutes
 rc=$?
 set -e
 # pytest exits 5 when it collected no tests: that is a failure of the suite, not a pass.

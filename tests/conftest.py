@@ -8,6 +8,7 @@ one with scripts/slurm.sh and sets DETOUR_REQUIRE_SLURM=1).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -49,6 +50,27 @@ def xdist_group_of(path: Path) -> str:
     return "tests/report" if rel.parts[:2] == ("tests", "report") else rel.as_posix()
 
 
+DURATIONS = Path(__file__).with_name("durations.json")  # seconds per worker group, from a recent run
+
+
+def group_durations(path: Path = DURATIONS) -> dict[str, float]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def slowest_groups_first(items: list, durations: dict[str, float]) -> list:
+    """The items reordered group by group, the longest groups first (a group not timed yet counts as
+    the longest, so a new slow file never starts last), each group's tests in their own order."""
+    first_index: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first_index.setdefault(xdist_group_of(item.path), i)
+
+    def rank(item):
+        group = xdist_group_of(item.path)
+        return (-durations.get(group, float("inf")), first_index[group])
+
+    return sorted(items, key=rank)  # stable: a group's tests keep their order
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # scripts/test.sh runs the suite on two workers (pytest-xdist, --dist loadgroup): each test
@@ -59,6 +81,30 @@ def pytest_collection_modifyitems(config, items):
         return
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.path)))
+    # Longest groups first: with --no-loadscope-reorder (scripts/test.sh) xdist hands groups out in
+    # this order, and a two-minute file started last would leave the other worker idle meanwhile
+    # (xdist's own order is by test count, not time).
+    items[:] = slowest_groups_first(items, group_durations())
+
+
+_timed: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    # on the controlling process this sees every worker's reports: setup, call and teardown
+    group = xdist_group_of(REPO / report.nodeid.split("::")[0])
+    _timed[group] = _timed.get(group, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    # DETOUR_WRITE_TEST_DURATIONS=1 bash scripts/test.sh rewrites tests/durations.json from this run
+    if os.environ.get("DETOUR_WRITE_TEST_DURATIONS") != "1" or hasattr(session.config, "workerinput"):
+        return
+    config = session.config
+    if config.args_source != pytest.Config.ArgsSource.TESTPATHS or config.option.keyword or config.option.markexpr:
+        return  # a partial run would drop the groups it did not run
+    timed = {group: round(seconds, 1) for group, seconds in sorted(_timed.items())}
+    DURATIONS.write_text(json.dumps(timed, indent=1) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ def test_the_suite_runs_on_two_workers_keeping_each_file_and_the_report_tests_to
     from tests.conftest import xdist_group_of
 
     script = (REPO / "scripts" / "test.sh").read_text(encoding="utf-8")
-    assert re.search(r'-n "\$\{DETOUR_TEST_WORKERS:-2\}" --dist loadgroup', script)
+    assert re.search(r'-n "\$\{DETOUR_TEST_WORKERS:-2\}" --dist loadgroup --no-loadscope-reorder', script)
     report = {xdist_group_of(p) for p in (REPO / "tests" / "report").glob("test_*.py")}
     assert len(report) == 1  # one session-built study, one worker
     others = [p for p in (REPO / "tests").rglob("test_*.py") if "report" not in p.parts]
