@@ -141,6 +141,67 @@ def test_the_capacity_report_puts_the_sizes_side_by_side(capacity):
     assert (capacity / "report.md").read_text() == before
 
 
+def _validation(folder: Path) -> list[dict]:
+    return [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "validation"]
+
+
+def test_each_cell_of_the_capacity_table_is_that_sizes_own_figure(capacity):
+    # recomputed here from each size's own files, as a reader of the table would check it
+    from transformers import AutoModelForMaskedLM
+
+    from detour.eval.paired import distinct_resamples
+    from detour.eval.significance import compare
+    from detour.report.tables import RESAMPLES
+
+    rows = {r["size"]: r for r in json.loads((capacity / "capacity.json").read_text())["sizes"]}
+    for size in SIZES:
+        root, row = capacity / "sizes" / size, rows[size]
+        model = AutoModelForMaskedLM.from_pretrained(root / "base" / "model")
+        total = sum(p.numel() for p in model.parameters())
+        assert row["parameters"] == total
+        assert row["non_embedding_parameters"] == total - model.config.vocab_size * model.config.hidden_size
+        base = _validation(root / "base")
+        assert row["base_curve"] == [[r["run_tokens"], r["mlm_loss"]] for r in base]
+        assert row["base_mlm_loss"] == base[-1]["mlm_loss"] and row["base_tokens"] == base[-1]["run_tokens"]
+        # held-out MLM loss at the end of the decay: the detour's and the twin's, each its own
+        assert row["detour_mlm_loss"] == _validation(root / "arms" / "detour")[-1]["mlm_loss"]
+        assert row["twin_mlm_loss"] == _validation(root / "arms" / "baseline")[-1]["mlm_loss"]
+        assert row["detour_mlm_loss"] != row["twin_mlm_loss"]
+        # the delta, its interval and p: `detour compare` of the detour against the twin, with the
+        # report's bootstrap (no more resamples than this small design can tell apart)
+        files = sorted((root / "eval").glob("*/results.json"))
+        seeds = [len({r["seed"] for r in json.loads(f.read_text())["runs"]}) for f in files]
+        result = compare(files, a="detour/model", b="baseline/model", allow=True,
+                         resamples=min(RESAMPLES, distinct_resamples(seeds)))
+        assert (row["delta"], *row["ci"], row["p_value"]) == pytest.approx(
+            (result.delta, result.ci_low, result.ci_high, result.p_value))
+        # r per group: the group's mean divergence over its mean seed-noise divergence (3 layers: one each)
+        cka = {r["layer"]: r for r in json.loads((root / "analysis" / "cka" / "cka.json").read_text())["layers"]}
+        for group, layer in (("low", 0), ("mid", 1), ("late", 2)):
+            assert row["cka_r"][group] == pytest.approx(cka[layer]["divergence"] / cka[layer]["noise_divergence"])
+            assert row["cka_divergence"][group] == pytest.approx(cka[layer]["divergence"])
+
+
+def test_the_freeze_columns_take_each_freeze_arm_against_the_twin(capacity, monkeypatch):
+    # the fixture has no freeze arm: its significance rows are given here, the rest is the size's own
+    from detour.report import capacity as capacity_report
+    from detour.report import tables
+    from detour.report.tables import Significance
+
+    def rows(s, table):
+        def sig(arm, against, delta):
+            return Significance(arm=arm, against=against, delta=delta, ci=(delta - 0.01, delta + 0.01), p_value=0.5,
+                                tasks=["t"], seeds={"t": 2})
+        return [sig("detour", "baseline", 0.03), sig("freeze-low-clm", "baseline", -0.02),
+                sig("freeze-mid-clm", "baseline", 0.01), sig("freeze-low-clm", "detour", -0.05)]
+
+    monkeypatch.setattr(tables, "significance_rows", rows)
+    row = capacity_report.size_row("3x32", capacity / "sizes" / "3x32")
+    assert row.delta == 0.03
+    assert {k: (v["arm"], v["delta"]) for k, v in row.freeze.items()} == {
+        "freeze_low": ("freeze-low-clm", -0.02), "freeze_mid": ("freeze-mid-clm", 0.01)}
+
+
 def test_size_runs_only_the_sizes_named_and_compares_those_that_finished(capacity, tmp_path, capsys):
     import shutil
 
