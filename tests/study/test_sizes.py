@@ -200,6 +200,10 @@ def test_the_freeze_columns_take_each_freeze_arm_against_the_twin(capacity, monk
     assert row.delta == 0.03
     assert {k: (v["arm"], v["delta"]) for k, v in row.freeze.items()} == {
         "freeze_low": ("freeze-low-clm", -0.02), "freeze_mid": ("freeze-mid-clm", 0.01)}
+    header, body = capacity_report.table_rows([row])
+    cells = dict(zip(header, body[0]))
+    assert cells["freeze-low delta"] == "-2.00 (p 0.5000)" and cells["freeze-mid delta"] == "+1.00 (p 0.5000)"
+    assert cells["delta [95% CI]"] == "+3.00 [+2.00, +4.00]"
 
 
 def test_size_runs_only_the_sizes_named_and_compares_those_that_finished(capacity, tmp_path, capsys):
