@@ -70,3 +70,26 @@ def test_no_decay_is_biases_and_norm_weights(models, kind):
         if name not in names:
             assert param.dim() == 2, name  # every remaining parameter is a matrix (weights, embeddings)
     assert any("LayerNorm.weight" in n or "norm.weight" in n for n in names)
+
+
+@pytest.mark.parametrize("layers, groups", [
+    (22, "low 0-7, mid 8-14, late 15-21"),  # ModernBERT-base: the paper's own split
+    (28, "low 0-9, mid 10-18, late 19-27"),  # ModernBERT-large
+    (12, "low 0-3, mid 4-7, late 8-11"),  # BERT-base, RoBERTa-base, CamemBERT-base
+    (6, "low 0-1, mid 2-3, late 4-5"),
+    (4, "low 0, mid 1-2, late 3"),
+    (3, "low 0, mid 1, late 2"),  # the fewest: a layer each
+])
+def test_layer_groups_scale_the_papers_split_to_each_depth(layers, groups):
+    from detour.model.freeze import describe_groups, layer_group_ranges
+
+    assert describe_groups(layers) == f"{groups} (of {layers} layers)"
+    ranges = layer_group_ranges(layers)
+    assert [i for r in ranges.values() for i in r] == list(range(layers))  # every layer in one group
+
+
+def test_fewer_than_three_layers_have_no_groups():
+    from detour.model.freeze import layer_group_ranges
+
+    with pytest.raises(DetourError, match="at least 3 layers; this model has 2"):
+        layer_group_ranges(2)
