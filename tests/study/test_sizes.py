@@ -365,3 +365,21 @@ def test_twins_check_fails_when_an_arm_started_from_other_weights():
     # arms built from a config record a seed, not a hash: nothing to compare, and no failure
     config = compare_arms({"detour": _summary(None), "baseline": _summary(None)})
     assert "start_weights_equal" not in config["checks"] and check_failures(config, "twins.json") is None
+
+
+def test_a_sizes_train_set_reaches_its_arms_and_no_other_sizes(tmp_path):
+    # a size's own overrides of the arms' recipe (its peak LR, say): every arm of that size, only that size
+    from detour.study.graph import build_arms, build_base
+    from detour.study.sizes import size_spec
+
+    spec = load_study(REPO / "studies" / "modernbert-scratch-capacity.yaml")
+    sizes = {name: entry.model_copy(update={"train_set": ["optimizer.lr=1.0e-4"]}) if name == "6x384" else entry
+             for name, entry in spec.sizes.items()}
+    spec = spec.model_copy(update={"sizes": sizes})
+    peak = load_study(REPO / "studies" / "modernbert-scratch-capacity.yaml")
+    for size in spec.sizes:
+        one = size_spec(spec, size)
+        arms = build_arms(one, tmp_path, build_base(one, tmp_path))
+        default = build_arms(size_spec(peak, size), tmp_path, build_base(one, tmp_path))["detour"].optimizer.lr
+        assert {a: r.optimizer.lr for a, r in arms.items()} == {a: 1.0e-4 if size == "6x384" else default for a in arms}
+    assert default != 1.0e-4
