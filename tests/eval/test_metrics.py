@@ -52,3 +52,26 @@ def test_multilabel_scores_hand_computed():
     # label 0: tp1 fn1 -> F=2/3 ; label 1: tp1 fp1 -> F=2/3 ; micro tp2 fp1 fn1 -> 2/3
     assert s["micro_f1"] == pytest.approx(2 / 3) and s["macro_f1"] == pytest.approx(2 / 3)
     assert s["accuracy"] == pytest.approx(1 / 3)  # exact set match on row 0 only
+
+
+def test_a_fine_tune_that_answered_alike_for_every_example_is_named():
+    from detour.eval.metrics import collapsed
+
+    # the majority label for everything: ChemProt's "False" at 69%, macro F1 at its floor
+    gold = ["False"] * 7 + ["CPR:3", "CPR:4", "CPR:9"]
+    one = classification_scores(gold, ["False"] * 10)
+    assert one["distinct_predictions"] == 1 and collapsed(one) == "one answer for every example"
+    two = classification_scores(gold, ["False"] * 9 + ["CPR:3"])
+    assert two["distinct_predictions"] == 2 and collapsed(two) is None
+    # a tagger that tags nothing, and one that tags a single entity
+    none = span_scores([["B-D", "O"], ["O", "B-C"]], [["O", "O"], ["O", "O"]])
+    assert none["predicted_entities"] == 0 and collapsed(none) == "no entity tagged"
+    some = span_scores([["B-D", "O"], ["O", "B-C"]], [["O", "O"], ["O", "B-D"]])
+    assert some["predicted_entities"] == 1 and collapsed(some) is None
+    # multi-label: the same label set for every example, even a non-empty one
+    gold_ml = np.array([[1, 0], [0, 1], [1, 1]])
+    same = multilabel_scores(gold_ml, np.array([[1, 0], [1, 0], [1, 0]]))
+    assert same["distinct_predictions"] == 1 and collapsed(same) == "one answer for every example"
+    assert multilabel_scores(gold_ml, np.array([[1, 0], [0, 1], [1, 0]]))["distinct_predictions"] == 2
+    # runs scored before the counts existed are not called collapsed
+    assert collapsed({"macro_f1": 0.1365, "accuracy": 0.6933}) is None

@@ -176,6 +176,27 @@ def test_an_arm_paired_with_its_own_twin_is_compared_with_it_and_the_twin_is_not
     assert rows(held_out, "detour − baseline")
 
 
+def test_fine_tunes_that_answered_alike_are_named_under_the_results(study, tmp_path, shared_data):
+    copy = tmp_path / "study"
+    shutil.copytree(study, copy, symlinks=True, ignore=shutil.ignore_patterns("model", "export", "checkpoints"))
+    path = copy / "eval" / "gad" / "results.json"
+    data = load(path)
+    for r in data["runs"]:  # GAD is binary: the freeze arm's seed 1 gave every example one label
+        alike = r["model"].endswith("freeze-low-clm/model") and r["seed"] == 1
+        r["metrics"]["distinct_predictions"] = 1 if alike else 2
+    path.write_text(json.dumps(data), encoding="utf-8")
+    results = section(write_report(copy, tmp_path / "out")["markdown"].read_text(encoding="utf-8"),
+                      "3. Downstream results")
+    assert "**Fine-tunes that answered alike for every test example**" in results
+    assert "seeds of seeds run: gad: freeze-low-clm 1 of 2." in results
+
+    for r in data["runs"]:
+        r["metrics"]["distinct_predictions"] = 2
+    path.write_text(json.dumps(data), encoding="utf-8")
+    md = write_report(copy, tmp_path / "again")["markdown"].read_text(encoding="utf-8")
+    assert "answered alike" not in md
+
+
 def test_the_intro_ends_a_description_with_one_full_stop(study, tmp_path):
     copy = tmp_path / "study"
     shutil.copytree(study, copy, symlinks=True, ignore=shutil.ignore_patterns("model", "export", "checkpoints"))

@@ -3,6 +3,9 @@
     python -c "from detour.eval.metrics import span_scores; \
 print(span_scores([['B-X','I-X','O']], [['B-X','I-X','O']]))"
 
+Each score also counts what the model answered (`distinct_predictions`, `predicted_entities`), so
+that a fine-tune that answered alike for every example is named as such (`collapsed`).
+
 Strict spans: an entity counts only if its start, end and type all match. Tags may be IOB2 or
 IOBES; a stray I-/E- without a matching opener starts a new entity (the usual lenient decoding,
 as in conlleval). Macro F1 averages per-type F1 over the types present in gold or predictions.
@@ -59,7 +62,8 @@ def span_scores_from_sets(gold: list[set], pred: list[set]) -> dict[str, float]:
     micro_p, micro_r, micro_f = _prf(sum(tp.values()), sum(n_pred.values()), sum(n_gold.values()))
     per_type = {t: _prf(tp.get(t, 0), n_pred.get(t, 0), n_gold.get(t, 0))[2] for t in types}
     macro = float(np.mean(list(per_type.values()))) if types else 0.0
-    out = {"micro_f1": micro_f, "macro_f1": macro, "precision": micro_p, "recall": micro_r}
+    out = {"micro_f1": micro_f, "macro_f1": macro, "precision": micro_p, "recall": micro_r,
+           "predicted_entities": sum(n_pred.values())}  # 0: a model that tags nothing (see collapsed)
     out.update({f"f1/{t}": f for t, f in per_type.items()})
     return out
 
@@ -76,6 +80,7 @@ def classification_scores(gold: list[str], pred: list[str]) -> dict[str, float]:
         "micro_f1": float(f1_score(gold, pred, average="micro", **kw)),
         "macro_f1": float(f1_score(gold, pred, average="macro", **kw)),
         "weighted_f1": float(f1_score(gold, pred, average="weighted", **kw)),
+        "distinct_predictions": len(set(pred)),  # 1: the same label for every example (see collapsed)
     }
 
 
@@ -90,4 +95,29 @@ def multilabel_scores(gold: np.ndarray, pred: np.ndarray) -> dict[str, float]:
         "macro_f1": float(f1_score(gold, pred, average="macro", **kw)),
         "weighted_f1": float(f1_score(gold, pred, average="weighted", **kw)),
         "samples_f1": float(f1_score(gold, pred, average="samples", **kw)),
+        "distinct_predictions": len({tuple(row) for row in pred}),  # label sets: 1 is the same set for all
     }
+
+
+# What a score counts of the model's answers, beside its metrics: never a headline.
+ANSWER_COUNTS = ("distinct_predictions", "predicted_entities")
+
+
+def collapsed(metrics: dict) -> str | None:
+    """What a fine-tune answered alike for every test example, or None: a classifier that gave one
+    label (or one label set) to all, a tagger that tagged no entity. Its score is then the floor of
+    that one answer (a weak or diverged fine-tune), not the encoder's representation speaking."""
+    if metrics.get("distinct_predictions") == 1:
+        return "one answer for every example"
+    if metrics.get("predicted_entities") == 0:
+        return "no entity tagged"
+    return None
+
+
+def collapsed_seeds(runs: list[dict], key) -> dict:
+    """key(run) -> the seeds whose fine-tune collapsed (see collapsed), for the keys with any."""
+    out: dict = {}
+    for r in runs:
+        if collapsed(r.get("metrics") or {}):
+            out.setdefault(key(r), []).append(int(r["seed"]))
+    return {k: sorted(v) for k, v in out.items()}

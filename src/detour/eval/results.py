@@ -125,6 +125,24 @@ def run_key(run: dict) -> dict | None:
     return {"weights": run["weights_sha256"], "seed": run["seed"], **setting_of(run)}
 
 
+def collapsed_lines(runs: list[dict], name) -> list[str]:
+    """A section naming the fine-tunes that answered alike for every test example, if any."""
+    from detour.eval.metrics import collapsed_seeds
+
+    found = collapsed_seeds(runs, lambda r: (r["model"], r["task"]))
+    if not found:
+        return []
+    total = {}
+    for r in runs:
+        total[r["model"], r["task"]] = total.get((r["model"], r["task"]), 0) + 1
+    lines = ["## Fine-tunes that answered alike for every example", "",
+             "| Model | Task | Seeds | Of |", "|---|---|---|---|"]
+    lines += [f"| {name(m)} | {t} | {', '.join(map(str, seeds))} | {total[m, t]} |" for (m, t), seeds in found.items()]
+    return lines + ["", "These gave one label (or one label set) to every test example, or tagged no entity: their "
+                    "score is the floor of that one answer, not a reading of the encoder (a budget too small for "
+                    "this model, or a fine-tune that diverged).", ""]
+
+
 def _stats(values: list[float]) -> dict:
     arr = np.asarray(values, dtype=float)
     std = float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
@@ -236,6 +254,8 @@ def markdown_table(summary: dict, config: dict, runs: list[dict]) -> str:
         lines += ["## F1 per type", "", "| Model | Task | Type | F1 |", "|---|---|---|---|"]
         lines += [f"| {display_name(m)} | {t} | {kind} | {_cell(stat)} |" for m, t, kind, stat in per_type]
         lines.append("")
+
+    lines += collapsed_lines(runs, display_name)
 
     lines += ["## Seeds and settings", ""]
     for t in tasks:

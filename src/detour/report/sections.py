@@ -285,11 +285,28 @@ def results(page: Page, s: Study, table: ResultsTable | None, sig: list[Signific
     page.para(f"Headline metric x 100, mean ± sample std over fine-tuning seeds (no ± with one seed); the best of "
               f"each column in bold; the average is the mean of the task means. From {files}.")
     page.table(header, rows)
+    _collapsed(page, s, table)
     budgets = "; ".join(f"{t}: {_budget(table, t)}" for t in table.tasks)
     page.figure("results", figures.results(s, table), f"headline metric x 100 per task, mean ± std over fine-tuning "
                                                         f"seeds ({budgets}). Scale: {scale_line(s)}.")
     if sig:
         _significance(page, sig)
+
+
+def _collapsed(page: Page, s: Study, table: ResultsTable) -> None:
+    from detour.eval.metrics import collapsed_seeds
+
+    found = collapsed_seeds(s.eval_runs, lambda r: (r["task"], r["arm"]))
+    if not found:
+        return
+    n = {(t, a): table.cells[a, t].n for a, t in table.cells}
+    parts = [f"{task}: " + ", ".join(f"{arm} {len(seeds)} of {n.get((task, arm), len(seeds))}"
+                                     for (t, arm), seeds in found.items() if t == task)
+             for task in dict.fromkeys(t for t, _ in found)]
+    page.para("**Fine-tunes that answered alike for every test example** (one label, or one label set, for all; or "
+              "no entity tagged), by arm, seeds of seeds run: " + "; ".join(parts) + ". Their score is the floor of "
+              "that one answer, not a reading of the encoder: where every arm collapses, the task says nothing "
+              "about the arms at this budget.")
 
 
 def _significance(page: Page, sig: list[Significance]) -> None:
