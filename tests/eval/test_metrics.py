@@ -74,4 +74,4 @@ def test_a_fine_tune_that_answered_alike_for_every_example_is_named():
     assert same["distinct_predictions"] == 1 and collapsed(same) == "one answer for every example"
     assert multilabel_scores(gold_ml, np.array([[1, 0], [0, 1], [1, 0]]))["distinct_predictions"] == 2
     # runs scored before the counts existed are not called collapsed
-    assert collapsed({"macro_f1": 0.1365, "accuracy": 0.6933}) is None
+    assert collapsed({}) is None

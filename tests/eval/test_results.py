@@ -135,12 +135,16 @@ def test_runs_of_one_task_made_with_two_settings_are_flagged(tmp_path):
     assert "- t: 2 seeds done (0-1), for A. **Mixed" not in md and "- A: **Mixed: these runs were made with 2 different weights**" in md
 
 
+def answered(record, **answers):
+    return {**record, "answers": answers}
+
+
 def test_fine_tunes_that_answered_alike_are_listed_by_model_task_and_seed(tmp_path):
     res = Results.open(tmp_path)
     for seed in range(3):
-        res.add(run("A", "chemprot", seed, 0.1365, distinct_predictions=1 if seed != 1 else 3))
-        res.add(run("B", "chemprot", seed, 0.30, distinct_predictions=4))
-        res.add(run("A", "ncbi", seed, 0.0 if seed == 2 else 0.2, predicted_entities=0 if seed == 2 else 17))
+        res.add(answered(run("A", "chemprot", seed, 0.1365), distinct_predictions=1 if seed != 1 else 3))
+        res.add(answered(run("B", "chemprot", seed, 0.30), distinct_predictions=4))
+        res.add(answered(run("A", "ncbi", seed, 0.0 if seed == 2 else 0.2), predicted_entities=0 if seed == 2 else 17))
     md = (tmp_path / "results.md").read_text()
     rows = table(md, "| Model | Task | Seeds | Of |")
     assert rows == {"A chemprot": ["0, 2", "3"], "A ncbi": ["2", "3"]}  # B never collapsed
@@ -149,6 +153,7 @@ def test_fine_tunes_that_answered_alike_are_listed_by_model_task_and_seed(tmp_pa
 
 def test_no_section_when_no_fine_tune_collapsed(tmp_path):
     res = Results.open(tmp_path)
-    res.add(run("A", "chemprot", 0, 0.3, distinct_predictions=4))
+    res.add(answered(run("A", "chemprot", 0, 0.3), distinct_predictions=4))
     res.add(run("A", "old", 0, 0.3))  # scored before the counts existed
+    res.add(run("A", "misplaced", 0, 0.3, distinct_predictions=1))  # only a run's answers are read
     assert "answered alike" not in (tmp_path / "results.md").read_text()

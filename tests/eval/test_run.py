@@ -46,6 +46,9 @@ def test_smoke_every_shipped_task(task, minilm, shared_data, tmp_path):
     assert r["options"]["epochs"] == 1 and r["weights_sha256"].startswith("sha256:")
     assert r["headline"] in r["metrics"] and r["selected_epoch"] == 1
     assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in r["metrics"].values())
+    # what the model answered, apart from the scores: a count of labels (sets) or of tagged entities
+    (count,) = r["answers"].items()
+    assert count[0] in ("distinct_predictions", "predicted_entities") and isinstance(count[1], int) and count[1] >= 0
     assert r["budget"]["train_examples"] <= 32 and r["budget"]["eval_examples"] <= 32 and r["budget"]["max_length"] == 64
     s = data["summary"][str(minilm)][task][r["headline"]]
     assert s == {"mean": r["metrics"][r["headline"]], "std": 0.0, "n": 1}

@@ -183,7 +183,7 @@ def test_fine_tunes_that_answered_alike_are_named_under_the_results(study, tmp_p
     data = load(path)
     for r in data["runs"]:  # GAD is binary: the freeze arm's seed 1 gave every example one label
         alike = r["model"].endswith("freeze-low-clm/model") and r["seed"] == 1
-        r["metrics"]["distinct_predictions"] = 1 if alike else 2
+        r["answers"] = {"distinct_predictions": 1 if alike else 2}
     path.write_text(json.dumps(data), encoding="utf-8")
     results = section(write_report(copy, tmp_path / "out")["markdown"].read_text(encoding="utf-8"),
                       "3. Downstream results")
@@ -191,7 +191,7 @@ def test_fine_tunes_that_answered_alike_are_named_under_the_results(study, tmp_p
     assert "seeds of seeds run: gad: freeze-low-clm 1 of 2." in results
 
     for r in data["runs"]:
-        r["metrics"]["distinct_predictions"] = 2
+        r["answers"] = {"distinct_predictions": 2}
     path.write_text(json.dumps(data), encoding="utf-8")
     md = write_report(copy, tmp_path / "again")["markdown"].read_text(encoding="utf-8")
     assert "answered alike" not in md

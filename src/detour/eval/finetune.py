@@ -39,6 +39,7 @@ from detour.errors import DetourError, NoSpaceError
 from detour.io import atomic_write, is_disk_full, no_space
 from detour.data.tokenize import load_tokenizer
 from detour.eval.heads import EncoderWithHead
+from detour.eval.metrics import ANSWER_COUNTS
 from detour.eval.splits import load_splits, subsample
 from detour.eval.tasks import TaskSpec, get_task_type
 from detour.eval.validate import validate_task
@@ -395,10 +396,11 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
                       "seconds": epoch_train_s + epoch_eval_s})
     model.load_trainable_state(best[2])
     t0 = time.perf_counter()
-    metrics = evaluate(model, prep, "test", device)
+    scores = evaluate(model, prep, "test", device)
     eval_s += time.perf_counter() - t0
     return {
-        "metrics": metrics,
+        "metrics": {k: v for k, v in scores.items() if k not in ANSWER_COUNTS},  # scores, each in [0, 1]
+        "answers": {k: scores[k] for k in ANSWER_COUNTS if k in scores},  # what it answered (metrics.collapsed)
         "selected_epoch": best[1],
         "validation": history,
         "timings": {"train_s": round(train_s, 3), "eval_s": round(eval_s, 3)},

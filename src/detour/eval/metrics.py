@@ -99,17 +99,18 @@ def multilabel_scores(gold: np.ndarray, pred: np.ndarray) -> dict[str, float]:
     }
 
 
-# What a score counts of the model's answers, beside its metrics: never a headline.
+# What a score counts of the model's answers, beside its metrics: never a headline. A run record
+# keeps them apart, under "answers", so that every value under "metrics" is a score in [0, 1].
 ANSWER_COUNTS = ("distinct_predictions", "predicted_entities")
 
 
-def collapsed(metrics: dict) -> str | None:
+def collapsed(answers: dict) -> str | None:
     """What a fine-tune answered alike for every test example, or None: a classifier that gave one
     label (or one label set) to all, a tagger that tagged no entity. Its score is then the floor of
     that one answer (a weak or diverged fine-tune), not the encoder's representation speaking."""
-    if metrics.get("distinct_predictions") == 1:
+    if answers.get("distinct_predictions") == 1:
         return "one answer for every example"
-    if metrics.get("predicted_entities") == 0:
+    if answers.get("predicted_entities") == 0:
         return "no entity tagged"
     return None
 
@@ -118,6 +119,6 @@ def collapsed_seeds(runs: list[dict], key) -> dict:
     """key(run) -> the seeds whose fine-tune collapsed (see collapsed), for the keys with any."""
     out: dict = {}
     for r in runs:
-        if collapsed(r.get("metrics") or {}):
+        if collapsed(r.get("answers") or {}):
             out.setdefault(key(r), []).append(int(r["seed"]))
     return {k: sorted(v) for k, v in out.items()}

@@ -407,7 +407,7 @@ def _run_seed(args, spec, model, seed, key, prep, weights, results, checkpoints,
         raise
     record = {
         "model": model, "task": spec.name, "seed": seed, "headline": spec.headline,
-        "metrics": out["metrics"], "selected_epoch": out["selected_epoch"],
+        "metrics": out["metrics"], "answers": out["answers"], "selected_epoch": out["selected_epoch"],
         "budget": {
             "epochs": prep.epochs, "train_examples": len(prep.examples["train"]),
             "validation_examples": len(prep.examples["validation"]),
