@@ -76,7 +76,7 @@ def test_detours_loop_trains_as_the_hf_trainers_loop_step_for_step(tmp_path, min
     assert losses[0] != losses[-1]  # it trained
     assert ours["validation"] == theirs["validation"]
     assert ours["selected_epoch"] == theirs["selected_epoch"]
-    assert ours["metrics"] == theirs["metrics"]
+    assert ours["metrics"] == theirs["metrics"] and ours["answers"] == theirs["answers"]
 
 
 @pytest.mark.parametrize("task", ["quaero-emea", "hoc"])

@@ -39,7 +39,7 @@ from detour.errors import DetourError, NoSpaceError
 from detour.io import atomic_write, is_disk_full, no_space
 from detour.data.tokenize import load_tokenizer
 from detour.eval.heads import EncoderWithHead
-from detour.eval.metrics import ANSWER_COUNTS
+from detour.eval.metrics import split_answers
 from detour.eval.splits import load_splits, subsample
 from detour.eval.tasks import TaskSpec, get_task_type
 from detour.eval.validate import validate_task
@@ -399,8 +399,7 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
     scores = evaluate(model, prep, "test", device)
     eval_s += time.perf_counter() - t0
     return {
-        "metrics": {k: v for k, v in scores.items() if k not in ANSWER_COUNTS},  # scores, each in [0, 1]
-        "answers": {k: scores[k] for k in ANSWER_COUNTS if k in scores},  # what it answered (metrics.collapsed)
+        **split_answers(scores),  # "metrics": scores in [0, 1]; "answers": what it answered
         "selected_epoch": best[1],
         "validation": history,
         "timings": {"train_s": round(train_s, 3), "eval_s": round(eval_s, 3)},

@@ -104,6 +104,12 @@ def multilabel_scores(gold: np.ndarray, pred: np.ndarray) -> dict[str, float]:
 ANSWER_COUNTS = ("distinct_predictions", "predicted_entities")
 
 
+def split_answers(scores: dict) -> dict:
+    """{"metrics": the scores, "answers": the counts} of a scorer's dict, as a run records them."""
+    return {"metrics": {k: v for k, v in scores.items() if k not in ANSWER_COUNTS},
+            "answers": {k: scores[k] for k in ANSWER_COUNTS if k in scores}}
+
+
 def collapsed(answers: dict) -> str | None:
     """What a fine-tune answered alike for every test example, or None: a classifier that gave one
     label (or one label set) to all, a tagger that tagged no entity. Its score is then the floor of

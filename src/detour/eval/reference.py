@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from detour.eval.finetune import PreparedTask, build_model, evaluate, seed_everything, train_order
+from detour.eval.metrics import split_answers
 
 
 class _TrainerModel(nn.Module):
@@ -123,5 +124,5 @@ def trainer_finetune(model_name: str, prep: PreparedTask, seed: int, device: str
         trainer.model_accepts_loss_kwargs = False
         trainer.train()
     model.load_trainable_state(best["weights"])
-    return {"metrics": evaluate(model, prep, "test", device), "selected_epoch": best["epoch"], "validation": history,
+    return {**split_answers(evaluate(model, prep, "test", device)), "selected_epoch": best["epoch"], "validation": history,
             "losses": wrapped.losses, "weights": best["weights"], "timings": {"train_s": round(clock["train_s"], 3)}}
