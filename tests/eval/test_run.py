@@ -480,6 +480,8 @@ def test_a_kill_at_any_moment_never_leaves_the_epoch_checkpoint_folder_without_i
     """A rerun after a kill -9 must never find an OUT/epoch-checkpoints it takes for the user's (and refuse)."""
     checkpoints = run_module.EpochCheckpoints(tmp_path)
     if moment.startswith("before"):
+        # a kill -9 runs no cleanup of the process's own
+        monkeypatch.setattr(run_module.EpochCheckpoints, "_drop", staticmethod(lambda staging: None))
         _kill_at(monkeypatch, run_module.os, "replace")
         with pytest.raises(_Killed):
             checkpoints.ready()
@@ -497,6 +499,39 @@ def test_a_kill_at_any_moment_never_leaves_the_epoch_checkpoint_folder_without_i
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     again.ready()
     assert [p.name for p in folder.iterdir()] == [run_module.CHECKPOINT_MARKER]
+
+
+@pytest.mark.parametrize("moment", ["while the new folder's marker is written", "after the old folder is renamed away"])
+def test_a_stop_signal_while_the_epoch_checkpoint_folder_comes_or_goes_leaves_no_staging_folder(tmp_path, monkeypatch,
+                                                                                                moment):
+    """SIGTERM between a seed's runs lands in these renames; the stop must leave OUT as a finished run would."""
+    import detour.eval.epochs as epochs
+
+    checkpoints = run_module.EpochCheckpoints(tmp_path)
+    stop = run_module._Stop()
+
+    def signalled(real):
+        def call(*args, **kwargs):
+            real(*args, **kwargs)
+            signal.raise_signal(signal.SIGTERM)  # a real SIGTERM, delivered right after the real call
+        return call
+
+    if moment.startswith("while"):
+        monkeypatch.setattr(epochs, "write_text", signalled(epochs.write_text))
+        with pytest.raises(run_module.EvalStopped), stop.installed():
+            checkpoints.ready()
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+    else:
+        checkpoints.ready()
+        path = checkpoints.path("arms/detour/model", "gad", 0)
+        path.write_bytes(b"an epoch")
+        monkeypatch.setattr(epochs.os, "replace", signalled(epochs.os.replace))
+        with pytest.raises(run_module.EvalStopped), stop.installed():
+            checkpoints.remove(path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    run_module.EpochCheckpoints(tmp_path).ready()  # the rerun starts as on a clean OUT
+    assert [p.name for p in tmp_path.iterdir()] == [run_module.CHECKPOINT_DIR]
 
 
 def test_a_hidden_folder_of_the_users_that_looks_like_a_staging_folder_is_kept(tmp_path):

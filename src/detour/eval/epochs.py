@@ -58,15 +58,28 @@ class EpochCheckpoints:
             return
         staging = self._staging("new")
         staging.mkdir(parents=True, exist_ok=True)
-        write_text(staging / CHECKPOINT_MARKER, "Epoch checkpoints of unfinished detour eval runs: a rerun resumes "
-                                                "from them.\ndetour eval removes each once its run is finished.\n")
-        os.replace(staging, self.dir)
+        try:
+            write_text(staging / CHECKPOINT_MARKER, "Epoch checkpoints of unfinished detour eval runs: a rerun "
+                                                    "resumes from them.\ndetour eval removes each once its run "
+                                                    "is finished.\n")
+            os.replace(staging, self.dir)
+        except BaseException:  # a stop (SIGTERM, Ctrl-C) or a full disk halfway: no staging folder stays
+            self._drop(staging)
+            raise
 
     def remove(self, path: Path) -> None:
         path.unlink(missing_ok=True)
         # the folder goes with its last checkpoint; anything else in it keeps it
         if self.dir.is_dir() and [p.name for p in self.dir.iterdir()] == [CHECKPOINT_MARKER]:
             gone = self._staging("old")
-            os.replace(self.dir, gone)
-            (gone / CHECKPOINT_MARKER).unlink()
-            gone.rmdir()
+            try:
+                os.replace(self.dir, gone)
+            finally:  # a stop halfway still removes the renamed folder, which held the marker alone
+                self._drop(gone)
+
+    @staticmethod
+    def _drop(staging: Path) -> None:
+        """A staging folder of this process's, emptied of the marker it may hold."""
+        if staging.is_dir():
+            (staging / CHECKPOINT_MARKER).unlink(missing_ok=True)
+            staging.rmdir()
