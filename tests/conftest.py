@@ -60,15 +60,12 @@ def group_durations(path: Path = DURATIONS) -> dict[str, float]:
 def slowest_groups_first(items: list, durations: dict[str, float]) -> list:
     """The items reordered group by group, the longest groups first (a group not timed yet counts as
     the longest, so a new slow file never starts last), each group's tests in their own order."""
+    groups = [xdist_group_of(item.path) for item in items]
     first_index: dict[str, int] = {}
-    for i, item in enumerate(items):
-        first_index.setdefault(xdist_group_of(item.path), i)
-
-    def rank(item):
-        group = xdist_group_of(item.path)
-        return (-durations.get(group, float("inf")), first_index[group])
-
-    return sorted(items, key=rank)  # stable: a group's tests keep their order
+    for i, group in enumerate(groups):
+        first_index.setdefault(group, i)
+    order = sorted(range(len(items)), key=lambda i: (-durations.get(groups[i], float("inf")), first_index[groups[i]]))
+    return [items[i] for i in order]  # stable: a group's tests keep their order
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -132,9 +133,7 @@ def collapsed_lines(runs: list[dict], name) -> list[str]:
     found = collapsed_seeds(runs, lambda r: (r["model"], r["task"]))
     if not found:
         return []
-    total = {}
-    for r in runs:
-        total[r["model"], r["task"]] = total.get((r["model"], r["task"]), 0) + 1
+    total = Counter((r["model"], r["task"]) for r in runs)
     lines = ["## Fine-tunes that answered alike for every example", "",
              "| Model | Task | Seeds | Of |", "|---|---|---|---|"]
     lines += [f"| {name(m)} | {t} | {', '.join(map(str, seeds))} | {total[m, t]} |" for (m, t), seeds in found.items()]
