@@ -1,6 +1,7 @@
 """`detour prepare` end to end on real files with the real MiniLM tokenizer."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -522,3 +523,66 @@ def test_validation_that_leaves_no_training_document_is_refused(minilm, tmp_path
                  "--out", str(tmp_path / "d"), "--validation", "10"]) != 0
     assert "at least one must stay for training" in capsys.readouterr().err
     assert not (tmp_path / "d").exists() and not list(tmp_path.glob("d.tmp-*"))
+
+
+def _files(folder):
+    return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_prepared_corpus_is_linked_into_another_folder_whole_and_never_over_a_users_folder(minilm, tmp_path,
+                                                                                              monkeypatch):
+    from detour.data.prepare import link_prepared
+
+    source = tmp_path / "a" / "data" / "corpus"
+    assert main(["prepare", "synthetic:clinical?docs=40&seed=5", "--tokenizer", str(minilm), "--out", str(source),
+                 "--validation", "4"]) == 0
+    out = tmp_path / "b" / "data" / "corpus"
+    link_prepared(source, out)
+    theirs, mine = _files(source), _files(out)
+    assert list(mine) == list(theirs) and "validation/manifest.json" in mine
+    # the same files, not copies: nothing tokenized or stored twice
+    assert all(mine[name].stat().st_ino == theirs[name].stat().st_ino for name in mine)
+    assert [c.manifest for c, _ in open_prepared(out)] == [c.manifest for c, _ in open_prepared(source)]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["corpus"]  # no staging folder left
+
+    # a filesystem that cannot link: copied, the same bytes
+    copied = tmp_path / "c" / "corpus"
+
+    def no_links(*args):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr("detour.data.prepare.os.link", no_links)
+    link_prepared(source, copied)
+    assert {n: p.read_bytes() for n, p in _files(copied).items()} == {n: p.read_bytes() for n, p in theirs.items()}
+    assert all(_files(copied)[n].stat().st_ino != theirs[n].stat().st_ino for n in theirs)
+
+    # a stop half-way leaves no staging folder and the earlier corpus at `out` in place
+    calls = []
+
+    def fails_on_the_third(src, dst):
+        calls.append(src)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return shutil.copy2(src, dst)
+
+    before = {n: p.read_bytes() for n, p in _files(copied).items()}
+    monkeypatch.setattr("detour.data.prepare.shutil.copy2", fails_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        link_prepared(source, copied)
+    monkeypatch.undo()
+    assert sorted(p.name for p in copied.parent.iterdir()) == ["corpus"]
+    assert {n: p.read_bytes() for n, p in _files(copied).items()} == before
+
+    # a folder of the user's at `out` is never replaced, and a folder that is no prepared corpus is not linked
+    users = tmp_path / "d" / "corpus"
+    users.mkdir(parents=True)
+    (users / "notes.txt").write_text("mine\n")
+    linked = []
+    monkeypatch.setattr("detour.data.prepare.os.link", lambda *a: linked.append(a))
+    with pytest.raises(DetourError, match="is not the output of `detour prepare`"):
+        link_prepared(source, users)
+    assert [p.name for p in users.iterdir()] == ["notes.txt"] and linked == []  # refused before any file moved
+    monkeypatch.undo()
+    with pytest.raises(DetourError, match="not a prepared corpus"):
+        link_prepared(users, tmp_path / "e" / "corpus")
+    assert not (tmp_path / "e").exists() or not any((tmp_path / "e").iterdir())

@@ -119,6 +119,44 @@ def test_the_arms_of_each_size_start_from_that_sizes_base(capacity):
     assert len(set(hashes.values())) == len(SIZES)  # each size its own base
 
 
+def test_a_later_size_links_the_data_an_earlier_size_prepared_instead_of_tokenizing_it_again(capacity):
+    first, second = (capacity / "sizes" / size for size in SIZES)
+    events = [json.loads(line) for line in (second / ".study" / "log.jsonl").read_text().splitlines()]
+    states = [json.loads((folder / ".study" / "state.json").read_text())["steps"] for folder in (first, second)]
+    for name in ("corpus", "general"):
+        started = [e for e in events if e["step"] == f"prepare:{name}" and e["event"] == "start"]
+        assert [e.get("linked_from") for e in started] == [str((first / "data" / name).resolve())], started
+        assert states[1][f"prepare:{name}"]["output_hash"] == states[0][f"prepare:{name}"]["output_hash"]
+        assert states[1][f"prepare:{name}"]["key"] == states[0][f"prepare:{name}"]["key"]
+        theirs = {p.relative_to(first): p.stat().st_ino for p in (first / "data" / name).rglob("*") if p.is_file()}
+        mine = {p.relative_to(second): p.stat().st_ino for p in (second / "data" / name).rglob("*") if p.is_file()}
+        assert mine == theirs  # the same files: tokenized and stored once
+    assert not (second / ".study" / "logs" / "prepare-corpus.log").exists()  # no prepare process ran there
+
+
+def test_a_prepare_another_size_finished_under_another_key_is_not_linked(tmp_path):
+    from detour.study.graph import Step
+    from detour.study.hashes import ContentHashes
+    from detour.study.sizes import link_prepared_elsewhere
+
+    other = tmp_path / "sizes" / "a"
+    (other / "data" / "corpus").mkdir(parents=True)
+    manifest = other / "data" / "corpus" / "manifest.json"
+    manifest.write_text(json.dumps({"format": "detour-prepared/1", "sources": []}))
+    (other / ".study").mkdir()
+    record = {"key": "k1", "output_hash": ContentHashes(None).of(manifest)}
+    (other / ".study" / "state.json").write_text(json.dumps({"steps": {"prepare:corpus": record}}))
+    mine = tmp_path / "sizes" / "b"
+    step = Step("prepare:corpus", "prepare", argv=["prepare"], hash_of=mine / "data" / "corpus" / "manifest.json")
+    assert link_prepared_elsewhere(step, "k2", [other]) is None  # another key: other sources or options
+    manifest.write_text(json.dumps({"format": "detour-prepared/1", "sources": [], "rewritten": True}))
+    assert link_prepared_elsewhere(step, "k1", [other]) is None  # its corpus is no longer the one recorded
+    assert not mine.exists()
+    manifest.write_text(json.dumps({"format": "detour-prepared/1", "sources": []}))
+    assert link_prepared_elsewhere(step, "k1", [tmp_path / "sizes" / "c", other]) == other / "data" / "corpus"
+    assert (mine / "data" / "corpus" / "manifest.json").read_text() == manifest.read_text()
+
+
 def test_the_capacity_report_puts_the_sizes_side_by_side(capacity):
     data = json.loads((capacity / "capacity.json").read_text())
     rows = {r["size"]: r for r in data["sizes"]}

@@ -404,6 +404,41 @@ def prepare(sources: list[tuple[Source, str | None]], tokenizer_name: str, out: 
         _ENCODER = None
 
 
+def link_prepared(source: Path, out: Path, inputs=()) -> None:
+    """The prepared corpus `source` (another study folder's, made by the same command) placed at
+    `out` without tokenizing again: its files hard-linked, or copied where the filesystem cannot link.
+
+    Safe to link: nothing writes into a prepared folder after it is made; prepare replaces a folder
+    whole (a new one renamed into place, the old one's names removed), so the other folder's files
+    never change under it. `out` is checked and replaced as `prepare --overwrite` would, through
+    OUT.tmp-<pid>, so an interrupted link leaves nothing that looks complete.
+    """
+    source, out = Path(source), Path(out)
+    if not _is_prepared(source) or _foreign_entry(source) is not None:
+        raise DetourError(f"{source}: not a prepared corpus as `detour prepare` writes it; cannot link it")
+    protected = [Path(p).resolve() for p in inputs]
+    _check_out(out, True, protected)
+    ensure_output_dir(out.parent, "--out (its parent folder)")
+    _remove_stale_temporaries(out, protected)
+    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        raise DetourError(f"{tmp} exists and holds files prepare does not write; move it away")
+
+    def link_or_copy(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:  # another filesystem, or one without hard links
+            shutil.copy2(src, dst)
+
+    try:
+        shutil.copytree(source, tmp, copy_function=link_or_copy)
+        _check_out(out, True, protected)
+        _commit(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def _owner_running(pid: int, folder: Path) -> bool:
     """Whether process `pid` is alive and could have written `folder` (it started before the folder's
     last change; a later process only reuses the number of a dead one)."""

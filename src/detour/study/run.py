@@ -271,8 +271,10 @@ def _act(step: Step, spec: StudySpec, out: Path) -> None:
         print(f"  wrote {written['markdown']} and {written['html']}")
 
 
-def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | None = None) -> int:
-    """Run the steps in dependency order on the chosen executor; cached steps are kept."""
+def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | None = None,
+            siblings: list[Path] = ()) -> int:
+    """Run the steps in dependency order on the chosen executor; cached steps are kept, and a prepare
+    step that a sibling size finished with the same key is linked from there."""
     options = options or Options()
     state = State(out)
     write_design(spec, out, steps)
@@ -356,9 +358,19 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
                 continue
             pending.remove(step)
             moved = True
+            t0 = time.time()
+            if step.kind == "prepare" and siblings and not state.jobs.get(step.name):
+                from detour.study.sizes import link_prepared_elsewhere
+
+                linked = link_prepared_elsewhere(step, key, siblings)
+                if linked is not None:
+                    print(f"[{number[step.name]}/{len(steps)}] {step.name}: linked from {linked} (the same step, "
+                          "finished there)", flush=True)
+                    state.event(step.name, "start", key=key, linked_from=str(linked))
+                    finish(step, key, t0)
+                    continue
             print(f"[{number[step.name]}/{len(steps)}] {step.name}: {'rerun, its inputs changed' if record else 'run'}",
                   flush=True)
-            t0 = time.time()
             if step.argv is not None and executor.adopt(step, key):
                 running[step.name] = (step, key, t0)
                 continue
@@ -462,14 +474,19 @@ def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options |
           f"estimates are rough (FLOPs at a measured matmul rate), not promises")
 
 
-def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None = None, sizes=None) -> int:
+def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None = None, sizes=None,
+              siblings: list[Path] = ()) -> int:
+    """Run (or plan) a study into `out`; `siblings`: the other sizes' folders of a study with sizes,
+    whose finished prepare steps of the same key are linked rather than run again."""
     options = options or Options()
     options.check()
     if options.executor == "slurm":
         check_partitions(spec.resources)
     if spec.sizes is not None or sizes:  # one study per size, then the comparison across them
         from detour.study.sizes import run_sizes
-        return run_sizes(spec, out, dry_run, lambda sub, folder, dry: run_study(sub, folder, dry, options), sizes)
+        return run_sizes(spec, out, dry_run,
+                         lambda sub, folder, dry, siblings: run_study(sub, folder, dry, options, siblings=siblings),
+                         sizes)
     if out.exists() and not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / ".study").is_dir():
@@ -493,7 +510,7 @@ def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None
     # One study process per folder; its steps lock their own folders (arms/NAME, eval/TASK), so a
     # rerun cannot start a step whose process from before is still alive.
     with folder_lock(out):
-        return execute(spec, out.resolve(), steps, options)
+        return execute(spec, out.resolve(), steps, options, siblings=[Path(s).resolve() for s in siblings])
 
 
 def run(args: argparse.Namespace) -> int:

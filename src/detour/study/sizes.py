@@ -7,7 +7,9 @@ OUT/sizes/NAME/ (its own steps, cache, report), whose base recipe gets the size'
 (its model.config) and whose arms get its `train_set`. When every size has finished, the capacity
 comparison across them is written to OUT/capacity.json, OUT/report.md and OUT/report.html
 (detour.report.capacity; `detour report OUT` rewrites it). A size that stops or fails stops the
-run: rerunning the same command keeps what finished, as any study does.
+run: rerunning the same command keeps what finished, as any study does. The sizes prepare the same
+data: a size links the prepared folders another size has finished with the same key, rather than
+tokenizing them again (link_prepared_elsewhere).
 
 `--size NAME` (repeatable) runs or plans only the sizes named, for instance each size on a machine
 of its own with the same --out on a shared disk, or the smaller sizes first; the comparison is then
@@ -20,6 +22,7 @@ only to write study.json and the comparison); the same size twice is refused.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from detour.errors import DetourError
@@ -46,6 +49,35 @@ def size_spec(spec: StudySpec, size: str) -> StudySpec:
 
 def size_folder(out: Path, size: str) -> Path:
     return Path(out) / "sizes" / size
+
+
+def link_prepared_elsewhere(step, key: str, siblings: list[Path]) -> Path | None:
+    """A prepare step that another size of the study has finished with the same key (the same
+    sources, tokenizer and options): its corpus linked into this size's folder instead of tokenized
+    again (detour.data.prepare.link_prepared). The folder linked from, or None to run the step."""
+    from detour.data.prepare import link_prepared
+    from detour.study.hashes import ContentHashes
+
+    mine = Path(step.hash_of).parent
+    for sibling in siblings:
+        try:
+            record = json.loads((Path(sibling) / ".study" / "state.json").read_text())["steps"][step.name]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not started, or not this step yet
+        theirs = Path(sibling) / "data" / mine.name
+        manifest = theirs / "manifest.json"
+        # the record is that size's, and its corpus still the one recorded (a manifest is rewritten
+        # whenever prepare runs again there)
+        if record.get("key") != key or not manifest.is_file() or ContentHashes(None).of(manifest) != record.get(
+                "output_hash"):
+            continue
+        try:
+            link_prepared(theirs, mine)
+        except (DetourError, OSError) as exc:
+            print(f"  could not link {theirs} ({exc}); preparing here", flush=True)
+            return None
+        return theirs
+    return None
 
 
 def chosen_sizes(spec: StudySpec, only: list[str] | None) -> list[str]:
@@ -79,7 +111,7 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
         for size in chosen:
             sub = studies[size]
             print(f"\n== size {size}")
-            rc = run_one(sub, size_folder(out, size), True)
+            rc = run_one(sub, size_folder(out, size), True, [])
             if rc:
                 return rc
         print(f"\nthen: the capacity comparison across sizes -> {out / 'report.md'}")
@@ -93,7 +125,9 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
                                         "sizes": {s: str(Path("sizes") / s) for s in studies}})
     for size in chosen:
         print(f"== size {size}: {size_folder(out, size)}", flush=True)
-        rc = run_one(studies[size], size_folder(out, size), False)
+        # the data each size prepares alike is tokenized once: a later size links what an earlier one made
+        siblings = [size_folder(out, s) for s in studies if s != size]
+        rc = run_one(studies[size], size_folder(out, size), False, siblings)
         if rc:
             print(f"detour study: size {size} did not finish (exit {rc}); run the same command again to "
                   "continue (finished steps are kept)")
