@@ -262,6 +262,13 @@ def test_size_runs_only_the_sizes_named_and_compares_those_that_finished(capacit
     assert rows["3x32"]["delta"] is not None and not rows["3x32"]["missing"]
     assert "the base model" in rows["3x48"]["missing"]
     assert "Not there yet: 3x48" in (out / "report.md").read_text()
+    # the dry run of the size still to come says its data will be linked from the finished size
+    assert main(["study", str(_study(tmp_path)), "--out", str(out), "--size", "3x48", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    for name in ("corpus", "general"):
+        line = next(line for line in text.splitlines() if f" prepare:{name} " in line)
+        assert line.split()[:2] == ["to", "run"] and "linked from size 3x32" in line, text
+    assert not (out / "sizes" / "3x48").exists()  # and links nothing
 
 
 def test_drivers_of_different_sizes_run_at_once_into_one_out_and_one_size_never_twice(capacity, tmp_path, capsys):

@@ -445,7 +445,8 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
     return 0
 
 
-def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options | None = None) -> None:
+def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options | None = None,
+               siblings: list[Path] = ()) -> None:
     from detour.study.estimate import estimates
     from detour.study.slurm import job_states
     from detour.study.resources import describe
@@ -453,6 +454,14 @@ def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options |
     state = State(out)
     states = plan(steps, out, state)
     rough = estimates(spec, steps)
+    if siblings:  # a prepare another size finished is linked, not run
+        from detour.study.sizes import prepared_elsewhere
+
+        for step in steps:
+            if step.kind == "prepare" and states[step.name] != "done":
+                theirs = prepared_elsewhere(step, step_key(step, out, {}, state.content), siblings)
+                if theirs is not None:
+                    rough[step.name] = f"linked from size {theirs.parent.parent.name}"
     # where each step runs: shown when the study names resources, runs on SLURM or has jobs from before
     placed = options is not None and options.executor == "slurm" or bool(state.jobs) or \
         spec.resources.model_dump(exclude_none=True, exclude_defaults=True) != {}
@@ -505,7 +514,7 @@ def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None
             preflight(step.stand_in or step.recipe, out / "arms" / step.name.split(":", 1)[1], data=not in_study,
                       parent=step.recipe.branch is None or not step.recipe.branch.run.startswith(str(out.resolve())))
     if dry_run:
-        print_plan(spec, out.resolve(), steps, options)
+        print_plan(spec, out.resolve(), steps, options, siblings=[Path(s).resolve() for s in siblings])
         return 0
     # One study process per folder; its steps lock their own folders (arms/NAME, eval/TASK), so a
     # rerun cannot start a step whose process from before is still alive.

@@ -51,33 +51,40 @@ def size_folder(out: Path, size: str) -> Path:
     return Path(out) / "sizes" / size
 
 
-def link_prepared_elsewhere(step, key: str, siblings: list[Path]) -> Path | None:
-    """A prepare step that another size of the study has finished with the same key (the same
-    sources, tokenizer and options): its corpus linked into this size's folder instead of tokenized
-    again (detour.data.prepare.link_prepared). The folder linked from, or None to run the step."""
-    from detour.data.prepare import link_prepared
+def prepared_elsewhere(step, key: str, siblings: list[Path]) -> Path | None:
+    """The prepared folder of another size that finished this prepare step with the same key (the
+    same sources, tokenizer and options) and still holds the corpus it recorded; None if none does."""
     from detour.study.hashes import ContentHashes
 
-    mine = Path(step.hash_of).parent
+    name = Path(step.hash_of).parent.name
     for sibling in siblings:
         try:
             record = json.loads((Path(sibling) / ".study" / "state.json").read_text())["steps"][step.name]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not started, or not this step yet
-        theirs = Path(sibling) / "data" / mine.name
-        manifest = theirs / "manifest.json"
-        # the record is that size's, and its corpus still the one recorded (a manifest is rewritten
-        # whenever prepare runs again there)
-        if record.get("key") != key or not manifest.is_file() or ContentHashes(None).of(manifest) != record.get(
-                "output_hash"):
-            continue
-        try:
-            link_prepared(theirs, mine)
-        except (DetourError, OSError) as exc:
-            print(f"  could not link {theirs} ({exc}); preparing here", flush=True)
-            return None
-        return theirs
+        manifest = Path(sibling) / "data" / name / "manifest.json"
+        # a manifest is rewritten whenever prepare runs again there
+        if record.get("key") == key and manifest.is_file() and \
+                ContentHashes(None).of(manifest) == record.get("output_hash"):
+            return manifest.parent
     return None
+
+
+def link_prepared_elsewhere(step, key: str, siblings: list[Path]) -> Path | None:
+    """A prepare step that another size has finished with the same key: its corpus linked into this
+    size's folder instead of tokenized again (detour.data.prepare.link_prepared). The folder linked
+    from, or None to run the step."""
+    from detour.data.prepare import link_prepared
+
+    theirs = prepared_elsewhere(step, key, siblings)
+    if theirs is None:
+        return None
+    try:
+        link_prepared(theirs, Path(step.hash_of).parent)
+    except (DetourError, OSError) as exc:
+        print(f"  could not link {theirs} ({exc}); preparing here", flush=True)
+        return None
+    return theirs
 
 
 def chosen_sizes(spec: StudySpec, only: list[str] | None) -> list[str]:
@@ -111,7 +118,7 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
         for size in chosen:
             sub = studies[size]
             print(f"\n== size {size}")
-            rc = run_one(sub, size_folder(out, size), True, [])
+            rc = run_one(sub, size_folder(out, size), True, [size_folder(out, s) for s in studies if s != size])
             if rc:
                 return rc
         print(f"\nthen: the capacity comparison across sizes -> {out / 'report.md'}")
