@@ -11,7 +11,8 @@
       export/PHASE/TOKENS/     mid-phase exports (a trajectory's points)
       model/                   the final Hugging Face export, with its model card
       curves.png               the loss curves
-      summary.json             written last: its presence means the run finished
+      summary.json             written last: its presence means the run finished (with every start and
+                               resume of the run under "sessions": where, on what threads and versions)
       .detour-lock             while a process writes here: its flock, pid and command (gone when it ends)
 
 `detour twins --out T` writes one run folder per arm (T/detour, T/baseline, ...) and T/twins.json,

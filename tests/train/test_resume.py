@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from detour.stop import RESUMABLE_EXIT
 from tests.train.conftest import RECIPES, TINY
@@ -64,6 +66,32 @@ def test_kill9_then_resume_is_bit_identical(synthetic_data, reference, tmp_path)
     ref_metrics = (reference / "metrics.jsonl").read_text().splitlines()
     got = (out / "metrics.jsonl").read_text().splitlines()
     assert len(got) == len(ref_metrics)
+    # the summary says where each stretch of the run computed: from the start, then from the checkpoint
+    (whole,) = json.loads((reference / "summary.json").read_text())["sessions"]
+    summary = json.loads((out / "summary.json").read_text())
+    first, resumed = summary["sessions"]
+    saved = [int(p.name.split("-")[1]) for p in ckpts.iterdir() if p.name.startswith("step-")]
+    assert (whole["from_step"], first["from_step"]) == (0, 0) and resumed["from_step"] in saved and resumed["from_step"] > 0
+    for s in (whole, first, resumed):
+        assert (s["world_size"], s["threads"], s["device"], s["torch"]) == (1, 1, "cpu", torch.__version__), s
+    assert summary["same_compute"] is True
+
+
+def test_a_resume_on_another_thread_count_is_said_in_the_summary():
+    from detour.train.world import World, compute_session, same_compute
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        three = compute_session(World(), torch.device("cpu"), 40)
+        torch.set_num_threads(1)
+        one = compute_session(World(), torch.device("cpu"), 0)
+    finally:
+        torch.set_num_threads(before)
+    assert (three["threads"], three["from_step"], one["threads"]) == (3, 40, 1)
+    assert same_compute([one, dict(one, time="later", host="another")]) is True  # where and when do not matter
+    assert same_compute([one, three]) is False
+    assert same_compute([one, dict(one, world_size=2)]) is False and same_compute([one, dict(one, torch="x")]) is False
 
 
 def test_sigterm_saves_checkpoint_and_exits_resumable(synthetic_data, reference, tmp_path):

@@ -39,7 +39,7 @@ from detour.train.metrics import MetricsLog, Progress, write_curves
 from detour.train.schedule import lr_at
 from detour.train.outdir import check_out_dir, start_out_dir
 from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, preflight, select_device
-from detour.train.world import World, check_strategy, init_world, shutdown_world
+from detour.train.world import World, check_strategy, compute_session, init_world, same_compute, shutdown_world
 from detour.train.trackers import Trackers
 from detour.train.validation import Validation
 from detour.stop import StopFlag, stop_signals_to
@@ -120,6 +120,7 @@ def _train(recipe: Recipe, out: Path, resume: bool, progress: bool, trust_unveri
     generator = torch.Generator().manual_seed(recipe.seed + world.rank)
     log = MetricsLog(run.metrics, enabled=world.main, trackers=trackers)
     state = _starting_state(recipe, ckpt, branch_ckpt, branch, model, optimizer, generator, stream, log, world)
+    state.setdefault("sessions", []).append(compute_session(world, device, state["global_step"]))
     per_step = recipe.tokens_per_step()
     # After the restore: FSDP shards the restored weights and moves the optimizer onto the shards.
     parallel = DataParallelism(model, optimizer, recipe, world, device)
@@ -465,6 +466,10 @@ def _summary(recipe: Recipe, state: dict, final: Path) -> dict[str, Any]:
                "global_steps": state["global_step"], "global_tokens": state["global_tokens"], "phases": phases}
     if state.get("start"):
         summary["start"] = state["start"]
+    if state.get("sessions"):
+        # a stretch on other threads, devices or versions: equal to an uninterrupted run only to rounding
+        summary["sessions"] = state["sessions"]
+        summary["same_compute"] = same_compute(state["sessions"])
     if state.get("branch"):
         summary["branch"] = dict(state["branch"], stream_continues_parent=stream_continuity(state["branch"], phases))
     return summary
