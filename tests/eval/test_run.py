@@ -44,6 +44,9 @@ def test_smoke_every_shipped_task(task, minilm, shared_data, tmp_path):
     assert {"model", "task", "seed", "headline", "metrics", "selected_epoch", "budget", "timings",
             "weights_sha256", "spec", "data_sha256", "options"} <= set(r)
     assert r["options"]["epochs"] == 1 and r["weights_sha256"].startswith("sha256:")
+    from detour.compute import compute_record
+
+    assert r["compute"] == compute_record("cuda" if torch.cuda.is_available() else "cpu")  # threads, versions
     assert r["headline"] in r["metrics"] and r["selected_epoch"] == 1
     assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in r["metrics"].values())
     # what the model answered, apart from the scores: a count of labels (sets) or of tagged entities

@@ -78,7 +78,8 @@ def test_kill9_then_resume_is_bit_identical(synthetic_data, reference, tmp_path)
 
 
 def test_a_resume_on_another_thread_count_is_said_in_the_summary():
-    from detour.train.world import World, compute_session, same_compute
+    from detour.compute import same_compute
+    from detour.train.world import World, compute_session
 
     before = torch.get_num_threads()
     try:

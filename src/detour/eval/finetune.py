@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from detour.compute import compute_record
 from detour.errors import DetourError, NoSpaceError
 from detour.io import atomic_write, is_disk_full, no_space
 from detour.data.tokenize import load_tokenizer
@@ -403,6 +404,7 @@ def finetune(model_name: str, prep: PreparedTask, seed: int, linear_probe: bool 
         "selected_epoch": best[1],
         "validation": history,
         "timings": {"train_s": round(train_s, 3), "eval_s": round(eval_s, 3)},
+        "compute": compute_record(device),  # equal scores on CPU need equal threads and versions
         "resumed_after_epoch": first - 1,
     }
 

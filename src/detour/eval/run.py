@@ -417,6 +417,7 @@ def _run_seed(args, spec, model, seed, key, prep, weights, results, checkpoints,
         "spec": spec_record(spec), "data_sha256": key["data_sha256"], "linear_probe": bool(args.linear_probe),
         "weights_sha256": weights, "options": key["options"],
         "timings": {**out["timings"], "wall_s": round(time.time() - started, 3)},
+        "compute": out["compute"],
         "validation": out["validation"],
     }
     if out["resumed_after_epoch"]:

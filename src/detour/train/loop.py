@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from detour.compute import same_compute
 from detour.config import PhaseSpec, Recipe, recipe_to_dict
 from detour.data.packing import PackedStream, collate, validate_seq_len
 from detour.errors import DetourError
@@ -39,7 +40,7 @@ from detour.train.metrics import MetricsLog, Progress, write_curves
 from detour.train.schedule import lr_at
 from detour.train.outdir import check_out_dir, start_out_dir
 from detour.train.setup import build_model, build_optimizer, check_data_matches_tokenizer, preflight, select_device
-from detour.train.world import World, check_strategy, compute_session, init_world, same_compute, shutdown_world
+from detour.train.world import World, check_strategy, compute_session, init_world, shutdown_world
 from detour.train.trackers import Trackers
 from detour.train.validation import Validation
 from detour.stop import StopFlag, stop_signals_to

@@ -86,25 +86,16 @@ def check_strategy(recipe, world: World) -> None:
                               f"this is torch {torch.__version__}: use ddp, or upgrade torch") from None
 
 
+
 def compute_session(world: World, device: torch.device, global_step: int) -> dict:
     """Where and on what a stretch of a run computes, from `global_step` on: one entry per start or
     resume in the run's state and summary.json. A run resumed on another thread count, world size,
     device or library version is no longer bit for bit an uninterrupted run (float sums are taken
-    in another order); these entries say where that happened."""
+    in another order); these entries say where that happened (detour.compute.same_compute)."""
     import platform
     from datetime import datetime, timezone
 
-    import transformers
-
-    from detour import __version__
+    from detour.compute import compute_record
 
     return {"from_step": int(global_step), "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "world_size": world.size, "threads": torch.get_num_threads(),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
-            "torch": torch.__version__, "transformers": transformers.__version__, "detour": __version__}
-
-
-def same_compute(sessions: list[dict]) -> bool:
-    """Whether every stretch of a run computed alike (the fields that change float results)."""
-    fields = ("world_size", "threads", "device", "torch", "transformers")
-    return len({tuple(s.get(f) for f in fields) for s in sessions}) <= 1
+            "host": platform.node(), "world_size": world.size, **compute_record(device)}
