@@ -18,9 +18,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Lowest first. A module may import its own layer and the layers below it.
 LAYERS = ["base", "data", "model", "train", "eval", "analysis", "report", "study", "cli"]
-# Top-level modules that every layer may use: errors, files, names, the recipe, the run folder, stopping.
+# Top-level modules that every layer may use: errors, files, names, the recipe, the run folder, stopping,
+# what a computation ran on.
 BASE = {"detour", "detour.errors", "detour.io", "detour.paths", "detour.quiet", "detour.config", "detour.runs",
-        "detour.stop", "detour.notices", "detour.lock", "detour.flags"}
+        "detour.stop", "detour.notices", "detour.lock", "detour.flags", "detour.compute"}
 
 # Imports that point up on purpose, each with its reason. Keep this list short.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}

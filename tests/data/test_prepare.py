@@ -531,7 +531,7 @@ def _files(folder):
 
 def test_a_prepared_corpus_is_linked_into_another_folder_whole_and_never_over_a_users_folder(minilm, tmp_path,
                                                                                               monkeypatch):
-    from detour.data.prepare import link_prepared
+    from detour.data.outfolder import link_prepared
 
     source = tmp_path / "a" / "data" / "corpus"
     assert main(["prepare", "synthetic:clinical?docs=40&seed=5", "--tokenizer", str(minilm), "--out", str(source),
@@ -551,7 +551,7 @@ def test_a_prepared_corpus_is_linked_into_another_folder_whole_and_never_over_a_
     def no_links(*args):
         raise OSError(18, "Invalid cross-device link")
 
-    monkeypatch.setattr("detour.data.prepare.os.link", no_links)
+    monkeypatch.setattr("detour.data.outfolder.os.link", no_links)
     link_prepared(source, copied)
     assert {n: p.read_bytes() for n, p in _files(copied).items()} == {n: p.read_bytes() for n, p in theirs.items()}
     assert all(_files(copied)[n].stat().st_ino != theirs[n].stat().st_ino for n in theirs)
@@ -566,7 +566,7 @@ def test_a_prepared_corpus_is_linked_into_another_folder_whole_and_never_over_a_
         return shutil.copy2(src, dst)
 
     before = {n: p.read_bytes() for n, p in _files(copied).items()}
-    monkeypatch.setattr("detour.data.prepare.shutil.copy2", fails_on_the_third)
+    monkeypatch.setattr("detour.data.outfolder.shutil.copy2", fails_on_the_third)
     with pytest.raises(KeyboardInterrupt):
         link_prepared(source, copied)
     monkeypatch.undo()
@@ -578,7 +578,7 @@ def test_a_prepared_corpus_is_linked_into_another_folder_whole_and_never_over_a_
     users.mkdir(parents=True)
     (users / "notes.txt").write_text("mine\n")
     linked = []
-    monkeypatch.setattr("detour.data.prepare.os.link", lambda *a: linked.append(a))
+    monkeypatch.setattr("detour.data.outfolder.os.link", lambda *a: linked.append(a))
     with pytest.raises(DetourError, match="is not the output of `detour prepare`"):
         link_prepared(source, users)
     assert [p.name for p in users.iterdir()] == ["notes.txt"] and linked == []  # refused before any file moved

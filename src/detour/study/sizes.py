@@ -72,9 +72,9 @@ def prepared_elsewhere(step, key: str, siblings: list[Path]) -> Path | None:
 
 def link_prepared_elsewhere(step, key: str, siblings: list[Path]) -> Path | None:
     """A prepare step that another size has finished with the same key: its corpus linked into this
-    size's folder instead of tokenized again (detour.data.prepare.link_prepared). The folder linked
+    size's folder instead of tokenized again (detour.data.outfolder.link_prepared). The folder linked
     from, or None to run the step."""
-    from detour.data.prepare import link_prepared
+    from detour.data.outfolder import link_prepared
 
     theirs = prepared_elsewhere(step, key, siblings)
     if theirs is None:
