@@ -191,6 +191,15 @@ def test_dry_run_prints_the_graph_with_states_and_estimates(tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
+@pytest.mark.parametrize("load, busy", [(0.3, False), (1.4, False), (1.6, True), (7.5, True)])
+def test_a_dry_run_on_a_busy_machine_says_its_estimates_come_out_long(tmp_path, capsys, monkeypatch, load, busy):
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert main(["study", str(_study(tmp_path)), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    note = f"note: this machine was busy as the rate was measured (load average {load:.1f} on 2 cores)"
+    assert (note in capsys.readouterr().out) is busy
+
+
 def test_the_estimate_counts_the_held_out_points_where_the_loop_scores_them(tmp_path):
     from detour.config import load_recipe, recipe_from_dict, recipe_to_dict
     from detour.study.estimate import validation_cost

@@ -14,12 +14,14 @@ A training step also pays a few seconds to start (STARTUP_S). Checked against th
 studies/minilm-biomed-en.yaml and studies/minilm-decay-length.yaml run on 2 idle CPU cores, the
 measured times were 0.8-1.4x these estimates; ChemProt's fine-tunes 1.65-1.8x (its sentences are
 longer than half the max length); a 3 x 192 ModernBERT's trainings 0.49-0.60x. It is an order of magnitude for planning, printed as such;
-measured times of finished steps are in OUT/.study/state.json.
+measured times of finished steps are in OUT/.study/state.json. Measured on busy cores the rate is a
+share of theirs and the dry run says so (busy_note).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -28,6 +30,20 @@ from detour.study.graph import SYNTHETIC_TASK
 
 EFFICIENCY = 0.6  # fraction of the matmul rate a training step reaches (measured on CPU, fp32; GPUs differ)
 STARTUP_S = 7.0  # a training step's process start, imports, model and data load (MiniLM on CPU)
+
+
+def busy_note() -> str:
+    """A warning for the dry run when this machine was busy as the rate was measured (another
+    training on the same cores): the matmul then gets a share of the cores, and every estimate
+    comes out too long by about the inverse of that share."""
+    try:
+        load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on every platform
+        return ""
+    if load < 0.75 * cores:
+        return ""
+    return (f"this machine was busy as the rate was measured (load average {load:.1f} on {cores} cores): "
+            "on idle cores the steps take less than estimated")
 
 
 @lru_cache(maxsize=1)

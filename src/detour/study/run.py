@@ -370,7 +370,7 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
 
 def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options | None = None,
                siblings: list[Path] = ()) -> None:
-    from detour.study.estimate import estimates
+    from detour.study.estimate import busy_note, estimates
     from detour.study.slurm import job_states
     from detour.study.resources import describe
 
@@ -404,6 +404,8 @@ def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options |
     tokens = sum(s.tokens for s in todo)
     print(f"to run: {len(todo)} of {len(steps)} steps, {tokens:,} training tokens; "
           f"estimates are rough (FLOPs at a measured matmul rate), not promises")
+    if todo and (busy := busy_note()):
+        print(f"note: {busy}")
 
 
 def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None = None, sizes=None,
