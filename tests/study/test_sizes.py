@@ -353,14 +353,17 @@ def test_shipped_capacity_study_loads_with_three_sizes():
     assert {"freeze-low-clm", "freeze-mid-clm", "baseline-seed2"} <= set(spec.arms)
 
 
-def test_the_long_base_study_differs_from_the_capacity_studys_smallest_size_by_the_base_alone():
-    # docs/reproduction/capacity.md sets the two answers for 3 x 192 side by side as the effect of
-    # the base's length: everything after the base must be the same study
+@pytest.mark.parametrize("file, constant, anneal", [("modernbert-scratch-3x192-20m.yaml", "18M", "2M"),
+                                                     ("modernbert-scratch-3x192-60m.yaml", "54M", "6M")])
+def test_the_long_base_studies_differ_from_the_capacity_studys_smallest_size_by_the_base_alone(file, constant,
+                                                                                                 anneal):
+    # docs/reproduction/capacity.md sets the answers for 3 x 192 side by side as the effect of the
+    # base's length: everything after the base must be the same study
     capacity = load_study(REPO / "studies" / "modernbert-scratch-capacity.yaml")
-    long = load_study(REPO / "studies" / "modernbert-scratch-3x192-20m.yaml")
+    long = load_study(REPO / "studies" / file)
     assert long.sizes is None and long.base.recipe == capacity.base.recipe and long.base.data == capacity.base.data
     assert long.base.set[:4] == capacity.sizes["3x192"].set and not capacity.sizes["3x192"].train_set
-    assert "phases.0.tokens=18M" in long.base.set and "phases.1.tokens=2M" in long.base.set
+    assert long.base.set[4:6] == [f"phases.0.tokens={constant}", f"phases.1.tokens={anneal}"]
     for section in ("prepare", "train", "arms", "eval", "analyses"):
         assert getattr(long, section) == getattr(capacity, section), section
 
