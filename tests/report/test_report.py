@@ -81,6 +81,24 @@ def test_design_shows_arms_phases_data_and_stream_checks(study, report):
     assert "tokens_equal yes, stream_hashes_equal yes, mlm_masks_equal yes" in md
 
 
+def test_design_says_what_each_arm_computed_on_and_a_resume_on_other_threads(study, report, tmp_path):
+    md = section(report["md"], "1. Design")
+    for arm in ("detour", "baseline", "freeze-low-clm", "baseline-seed2"):
+        (session,) = load(study / "arms" / arm / "summary.json")["sessions"]
+        (row,) = [r for r in rows(md, arm) if len(r) == 7 and r[1] == "0"]
+        assert row[2:] == [str(session["threads"]), "1", "cpu", session["torch"], "yes"], row
+    copy = tmp_path / "study"
+    shutil.copytree(study, copy, symlinks=True, ignore=shutil.ignore_patterns("model", "export", "checkpoints"))
+    path = copy / "arms" / "detour" / "summary.json"
+    summary = load(path)
+    (first,) = summary["sessions"]
+    summary["sessions"].append(dict(first, from_step=7, threads=first["threads"] + 1))
+    path.write_text(json.dumps(summary), encoding="utf-8")
+    md = section(write_report(copy, tmp_path / "out")["markdown"].read_text(encoding="utf-8"), "1. Design")
+    (row,) = [r for r in rows(md, "detour") if len(r) == 7 and r[1] == "0, 7"]
+    assert row[2] == f"{first['threads']}, {first['threads'] + 1}" and row[6].startswith("**no**"), row
+
+
 def test_held_out_loss_figure_and_table_come_from_the_validation_records(study, report):
     md = section(report["md"], "2. Training curves")
     assert "### Held-out MLM loss" in md and "(report-figures/validation.png)" in md

@@ -151,8 +151,31 @@ def design(page: Page, s: Study) -> None:
         page.para("**Phases** (tokens trained / budget; final loss: mean of the phase's last 10 step losses, "
                   "summary.json `final_loss`):")
         page.table(["arm", "phase", "objective", "masking", "tokens", "LR shape", "final loss"], rows)
+    _compute(page, s)
     _data(page, s)
     _streams(page, s)
+
+
+def _compute(page: Page, s: Study) -> None:
+    """What each arm computed on, from each start and resume its summary.json records (`sessions`)."""
+    from detour.compute import same_compute
+
+    rows = []
+    for a in s.arms.values():
+        sessions = (a.summary or {}).get("sessions")
+        if not sessions:
+            continue
+
+        def each(key):
+            return ", ".join(dict.fromkeys(str(x.get(key, "?")) for x in sessions))
+
+        rows.append([a.name, ", ".join(str(x.get("from_step")) for x in sessions), each("threads"), each("world_size"),
+                     each("device"), each("torch"),
+                     "yes" if same_compute(sessions) else "**no**: equal to one uninterrupted run to rounding only"])
+    if rows:
+        page.para("**Compute** (summary.json `sessions`: each start and resume of an arm's run; another thread "
+                  "count, process count, device or version sums floats in another order):")
+        page.table(["arm", "from step", "threads", "processes", "device", "torch", "alike throughout"], rows)
 
 
 def _data(page: Page, s: Study) -> None:
