@@ -215,8 +215,16 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
     running: dict[str, tuple[Step, str, float]] = {}
     acting = None  # an in-process step being run: a stop is recorded on it
     stopped: list[str] = []  # steps that ended stopped (SIGTERM, Ctrl-C): the study stops too
+    claims: dict = {}  # prepare steps shared with the other sizes' drivers: step -> its PrepareClaim
+    waiting: set[str] = set()  # prepare steps another size's driver is running now
+
+    def let_go(name: str) -> None:
+        claim = claims.pop(name, None)
+        if claim is not None:
+            claim.release()
 
     def finish(step: Step, key: str, t0: float) -> None:
+        let_go(step.name)
         hashes[step.name] = output_hash(step.hash_of, state.content)
         state.steps[step.name] = {"key": key, "output_hash": hashes[step.name], "seconds": round(time.time() - t0, 1),
                                   "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -228,6 +236,7 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
             print(f"  {step.name}: done ({time.time() - t0:.1f} s)", flush=True)
 
     def fail(step: Step, message: str) -> None:
+        let_go(step.name)
         if strict:
             raise DetourError(message)
         failed[step.name] = message
@@ -237,6 +246,7 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
         """Record a step's end; False when the study must stop (a step stopped by a signal)."""
         step, key, t0 = running.pop(outcome.name)
         if outcome.status == "stopped":
+            let_go(step.name)
             state.event(step.name, "stopped", rc=outcome.rc)
             stopped.append(step.name)
             return False
@@ -279,10 +289,24 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
                 if strict:
                     return moved
                 continue
+            if step.kind == "prepare" and siblings and not state.jobs.get(step.name):
+                from detour.study.sizes import PrepareClaim
+
+                # drivers of several sizes started at once: one tokenizes, the others link its output
+                claim = claims.setdefault(step.name, PrepareClaim(step, key, siblings))
+                if not claim.take():
+                    if step.name not in waiting:
+                        waiting.add(step.name)
+                        print(f"[{number[step.name]}/{len(steps)}] {step.name}: waiting: {claim.holder()} "
+                              "prepares the same data; it is linked from there when done", flush=True)
+                    if strict:
+                        return moved
+                    continue
+                waiting.discard(step.name)
             pending.remove(step)
             moved = True
             t0 = time.time()
-            if step.kind == "prepare" and siblings and not state.jobs.get(step.name):
+            if step.name in claims:
                 from detour.study.sizes import link_prepared_elsewhere
 
                 linked = link_prepared_elsewhere(step, key, siblings)
@@ -345,8 +369,11 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
             while not stopped and not executor.signalled:
                 while start_ready() and not stopped and not executor.signalled:
                     pass
-                if stopped or executor.signalled or not running:
+                if stopped or executor.signalled or not running and not waiting:
                     break
+                if not running:  # another size's driver prepares what the next step needs
+                    time.sleep(1.0)
+                    continue
                 for outcome in executor.wait(1.0):
                     ended(outcome)
             if stopped and running:
@@ -358,6 +385,9 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
                 return stop()
             except KeyboardInterrupt:
                 return RESUMABLE_EXIT
+        finally:
+            for name in list(claims):
+                let_go(name)
     if failed:
         raise DetourError("; ".join(failed.values()) + (f"; not run, as they depend on it: {', '.join(skipped)}"
                                                          if skipped else ""))
@@ -378,13 +408,17 @@ def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options |
     states = plan(steps, out, state)
     rough = estimates(spec, steps)
     if siblings:  # a prepare another size finished is linked, not run
-        from detour.study.sizes import prepared_elsewhere
+        from detour.lock import holder
+        from detour.study.sizes import PrepareClaim, prepared_elsewhere
 
         for step in steps:
             if step.kind == "prepare" and states[step.name] != "done":
-                theirs = prepared_elsewhere(step, step_key(step, out, {}, state.content), siblings)
+                key = step_key(step, out, {}, state.content)
+                theirs = prepared_elsewhere(step, key, siblings)
                 if theirs is not None:
                     rough[step.name] = f"linked from size {theirs.parent.parent.name}"
+                elif holder(PrepareClaim(step, key, siblings).folder):
+                    rough[step.name] = "another size's driver prepares it now"
     # where each step runs: shown when the study names resources, runs on SLURM or has jobs from before
     placed = options is not None and options.executor == "slurm" or bool(state.jobs) or \
         spec.resources.model_dump(exclude_none=True, exclude_defaults=True) != {}

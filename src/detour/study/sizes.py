@@ -9,7 +9,9 @@ comparison across them is written to OUT/capacity.json, OUT/report.md and OUT/re
 (detour.report.capacity; `detour report OUT` rewrites it). A size that stops or fails stops the
 run: rerunning the same command keeps what finished, as any study does. The sizes prepare the same
 data: a size links the prepared folders another size has finished with the same key, rather than
-tokenizing them again (link_prepared_elsewhere).
+tokenizing them again (link_prepared_elsewhere). Drivers of several sizes started at once tokenize
+each corpus once too: the first to reach a prepare step claims it (PrepareClaim, a lock in
+OUT/.study/prepare/), and the others wait for it, then link.
 
 `--size NAME` (repeatable) runs or plans only the sizes named, for instance each size on a machine
 of its own with the same --out on a shared disk, or the smaller sizes first; the comparison is then
@@ -22,12 +24,14 @@ only to write study.json and the comparison); the same size twice is refused.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from contextlib import ExitStack
 from pathlib import Path
 
 from detour.errors import DetourError
 from detour.io import write_json
-from detour.lock import folder_lock
+from detour.lock import FolderLocked, folder_lock, holder
 from detour.report.capacity import SIZES_SCHEMA
 from detour.study.spec import StudySpec
 
@@ -85,6 +89,39 @@ def link_prepared_elsewhere(step, key: str, siblings: list[Path]) -> Path | None
         print(f"  could not link {theirs} ({exc}); preparing here", flush=True)
         return None
     return theirs
+
+
+class PrepareClaim:
+    """One driver at a time prepares a corpus the sizes share: a lock on
+    OUT/.study/prepare/HASH (the step and its key), held from the moment a driver decides to
+    prepare until the step has ended. A driver that finds it taken waits and then links what the
+    holder made. The kernel lets go of a killed holder's lock, so a driver that dies mid-prepare
+    leaves the step to the next one that reaches it."""
+
+    def __init__(self, step, key: str, siblings: list[Path]):
+        name = hashlib.sha256(f"{step.name}\n{key}".encode()).hexdigest()[:16]
+        # the siblings are OUT/sizes/NAME: the claim lives in OUT, where every size's driver looks
+        self.folder = Path(siblings[0]).parent.parent / ".study" / "prepare" / name
+        self._held: ExitStack | None = None
+
+    def take(self) -> bool:
+        """True if this driver now holds the claim (or held it already); False if another does."""
+        if self._held is None:
+            stack = ExitStack()
+            try:
+                stack.enter_context(folder_lock(self.folder))
+            except FolderLocked:
+                return False
+            self._held = stack
+        return True
+
+    def holder(self) -> str:
+        return holder(self.folder) or "another size's driver, just letting go"
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
 
 def chosen_sizes(spec: StudySpec, only: list[str] | None) -> list[str]:
