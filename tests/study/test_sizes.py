@@ -271,7 +271,8 @@ def test_size_runs_only_the_sizes_named_and_compares_those_that_finished(capacit
     assert not (out / "sizes" / "3x48").exists()  # and links nothing
 
 
-def test_drivers_of_different_sizes_run_at_once_into_one_out_and_one_size_never_twice(capacity, tmp_path, capsys):
+def test_drivers_of_different_sizes_run_at_once_into_one_out_tokenize_once_and_one_size_never_twice(
+        capacity, tmp_path, capsys):
     import os
     import shutil
     import signal
@@ -280,56 +281,17 @@ def test_drivers_of_different_sizes_run_at_once_into_one_out_and_one_size_never_
     import time
 
     from detour.lock import holder
+    from detour.study.graph import build_steps, step_key
+    from detour.study.sizes import PrepareClaim, size_folder, size_spec
 
     out = tmp_path / "out"
-    shutil.copytree(capacity / "sizes" / "3x32", out / "sizes" / "3x32")
-    (out / ".study").mkdir()
+    (out / ".study").mkdir(parents=True)
     # the 3x48's base made long, so that its driver is still running while the others are tried
     long_base = yaml.safe_load(_study(tmp_path).read_text())["sizes"]
     long_base["3x48"]["set"] += ["phases.0.tokens=50M"]
     study = _study(tmp_path, sizes=long_base)
-    # its output to a file: a pipe nobody reads would stall the driver once its buffer is full
-    log = tmp_path / "3x48.log"
-    with log.open("w") as sink:
-        other = subprocess.Popen([sys.executable, "-m", "detour.cli", "study", str(study), "--out", str(out),
-                                  "--size", "3x48"], stdout=sink, stderr=subprocess.STDOUT,
-                                 env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
-    try:
-        end = time.time() + 300
-        while holder(out / "sizes" / "3x48") is None:
-            assert other.poll() is None, log.read_text()
-            assert time.time() < end, "the 3x48's driver should be running by now"
-            time.sleep(0.1)
-        # the 3x48 a second time is refused, naming the driver that runs it
-        assert main(["study", str(study), "--out", str(out), "--size", "3x48"]) == 2
-        assert f"pid {other.pid} " in capsys.readouterr().err
-        # another size runs into the same OUT meanwhile, and writes the comparison
-        assert main(["study", str(study), "--out", str(out), "--size", "3x32"]) == 0
-        assert "0 steps run" in capsys.readouterr().out
-        assert "Not there yet: 3x48" in (out / "report.md").read_text()
-        assert other.poll() is None  # undisturbed
-    finally:
-        other.send_signal(signal.SIGTERM)
-        other.wait(timeout=300)
-    assert other.returncode == 75, log.read_text()  # stopped, to continue on the next run
-
-
-def test_drivers_started_at_once_tokenize_each_corpus_once(capacity, tmp_path, capsys):
-    # another size's driver (this test, holding the real claims) prepares both corpora: the 3x48's
-    # driver waits for each, prepares itself a corpus whose preparer died before finishing, and
-    # links the one that was finished
-    import os
-    import shutil
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from detour.study.graph import build_steps, step_key
-    from detour.study.sizes import PrepareClaim, size_folder, size_spec
-
-    out, study = tmp_path / "out", _study(tmp_path)
-    (out / ".study").mkdir(parents=True)
+    # the 3x32's driver, started at the same moment, is preparing both corpora: this test holds
+    # its real claims
     other = size_folder(out, "3x32").resolve()
     steps = {s.name: s for s in build_steps(size_spec(load_study(study), "3x32"), other)}
     claims = {name: PrepareClaim(steps[f"prepare:{name}"], step_key(steps[f"prepare:{name}"], other, {}), [other])
@@ -340,43 +302,57 @@ def test_drivers_started_at_once_tokenize_each_corpus_once(capacity, tmp_path, c
     for name in claims:
         assert "another size's driver prepares it now" in next(line for line in plan.splitlines()
                                                                 if f" prepare:{name} " in line), plan
+    # its output to a file: a pipe nobody reads would stall the driver once its buffer is full
     log = tmp_path / "3x48.log"
 
     def wait_for(text: str) -> None:
-        end = time.time() + 120
+        end = time.time() + 300
         while text not in log.read_text():
             assert driver.poll() is None, log.read_text()
             assert time.time() < end, f"no {text!r} in: {log.read_text()}"
-            time.sleep(0.2)
+            time.sleep(0.1)
 
     with log.open("w") as sink:
         driver = subprocess.Popen([sys.executable, "-m", "detour.cli", "study", str(study), "--out", str(out),
                                    "--size", "3x48"], stdout=sink, stderr=subprocess.STDOUT,
                                   env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     try:
+        # it waits for the corpus the other driver prepares, naming that driver
         wait_for("prepare:corpus: waiting: pid ")
-        assert f"pid {os.getpid()} " in log.read_text()  # the message names the driver that holds it
-        time.sleep(2)
-        assert "prepare:corpus: run" not in log.read_text()  # still waiting
-        claims["corpus"].release()  # its preparer ended without finishing: the step is this driver's now
+        assert f"pid {os.getpid()} " in log.read_text()
+        time.sleep(1)
+        assert "prepare:corpus: run" not in log.read_text()
+        # the other driver ends without finishing it: the step is this driver's now
+        claims["corpus"].release()
         wait_for("prepare:general: waiting: ")
         assert "prepare:corpus: run" in log.read_text()
         assert claims["corpus"].take()  # let go of as soon as the step finished, for the drivers after it
         claims["corpus"].release()
-        shutil.copytree(capacity / "sizes" / "3x32", other)  # the other driver has finished the general corpus
+        # the other driver finishes the general corpus (and the rest of its size): it is linked, not made again
+        shutil.copytree(capacity / "sizes" / "3x32", other)
         claims["general"].release()
         wait_for("prepare:general: linked from")
+        assert holder(out / "sizes" / "3x48") is not None
+        # the 3x48 a second time is refused, naming the driver that runs it
+        assert main(["study", str(study), "--out", str(out), "--size", "3x48"]) == 2
+        assert f"pid {driver.pid} " in capsys.readouterr().err
+        # another size runs into the same OUT meanwhile, and writes the comparison
+        assert main(["study", str(study), "--out", str(out), "--size", "3x32"]) == 0
+        assert "0 steps run" in capsys.readouterr().out
+        assert "Not there yet: 3x48" in (out / "report.md").read_text()
+        assert driver.poll() is None  # undisturbed
     finally:
         for claim in claims.values():
             claim.release()
         driver.send_signal(signal.SIGTERM)
         driver.wait(timeout=300)
+    assert driver.returncode == 75, log.read_text()  # stopped, to continue on the next run
     text = log.read_text()
     assert text.count("waiting:") == 2 and "prepare:general: run" not in text, text
     mine = size_folder(out, "3x48")
     assert (mine / "data" / "general" / "manifest.json").stat().st_ino == \
-        (other / "data" / "general" / "manifest.json").stat().st_ino  # linked, not tokenized again
-    assert not (out / ".study" / "prepare").exists() or not any((out / ".study" / "prepare").iterdir())
+        (other / "data" / "general" / "manifest.json").stat().st_ino
+    assert not any((out / ".study" / "prepare").iterdir())  # every claim let go of
 
 
 def test_size_plans_only_the_sizes_named_and_refuses_a_size_the_study_lacks(tmp_path, capsys, minilm):
