@@ -69,7 +69,8 @@ def _study(tmp: Path, **changes) -> Path:
 def capacity(tmp_path_factory, minilm):
     tmp = tmp_path_factory.mktemp("sizes")
     study, out = _study(tmp), tmp / "out"
-    assert main(["study", str(study), "--out", str(out)]) == 0
+    # --jobs 2: the two sizes at once, a driver each on half the cores
+    assert main(["study", str(study), "--out", str(out), "--jobs", "2"]) == 0
     return out
 
 
@@ -83,7 +84,46 @@ def test_dry_run_shows_each_size_with_its_base_and_arms(tmp_path, capsys, minilm
             assert f"train:{arm} " in section and "base" in section.split(f"train:{arm} ")[1].splitlines()[0]
         assert "tokens" in section.split("to run   base ")[1].splitlines()[0]  # an estimate
     assert "capacity comparison" in text
+    assert "at once" not in text  # one step at a time: the sizes one after another, as always
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
+    assert main(["study", str(_study(tmp_path)), "--out", str(tmp_path / "out"), "--dry-run", "--jobs", "2"]) == 0
+    assert "the sizes run at once, a driver each (3x32 with --jobs 1, 3x48 with --jobs 1)" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("executor, jobs, expected", [
+    ("local", 8, {"a": 2, "b": 3, "c": 3}),  # all slots shared out, none idle
+    ("local", 2, {"a": 1, "b": 1}),  # c waits for the slot of the first size to finish
+    ("local", 3, {"a": 1, "b": 1, "c": 1}),
+    ("slurm", None, {"a": None, "b": None, "c": None}),  # the cluster queues every size's jobs
+    ("slurm", 4, {"a": 1, "b": 1, "c": 2}),
+])
+def test_the_jobs_slots_are_shared_out_between_the_sizes_drivers(executor, jobs, expected):
+    from detour.study.executors import Options
+    from detour.study.sizes_at_once import at_once, shares
+
+    options = Options(executor=executor, jobs=jobs)
+    assert shares(options, ["a", "b", "c"]) == expected
+    assert at_once(options, ["a", "b", "c"]) and not at_once(options, ["a"])
+    assert not at_once(Options(jobs=1), ["a", "b"]) and not at_once(Options(), ["a", "b"])
+
+
+def test_with_jobs_the_sizes_run_at_once_each_on_its_share_of_the_cores(capacity):
+    import os
+
+    from detour.study.executors import slices
+
+    events = {}
+    for size in SIZES:
+        lines = (capacity / "sizes" / size / ".study" / "log.jsonl").read_text().splitlines()
+        events[size] = {(e["step"], e["event"]): e["time"] for e in map(json.loads, lines)}
+    a, b = (events[size] for size in SIZES)
+    # each size's base started before the other's had finished: side by side, not one size after the other
+    assert a["base", "start"] <= b["base", "done"] and b["base", "start"] <= a["base", "done"], events
+    cores = len(slices(sorted(os.sched_getaffinity(0)), 2)[0])
+    for size in SIZES:
+        sessions = json.loads((capacity / "sizes" / size / "base" / "summary.json").read_text())["sessions"]
+        assert [s["threads"] for s in sessions] == [cores]  # its driver's half of the cores, not all of them
 
 
 def test_each_base_is_a_stock_masked_lm_pretrained_from_scratch(capacity):
@@ -119,19 +159,24 @@ def test_the_arms_of_each_size_start_from_that_sizes_base(capacity):
     assert len(set(hashes.values())) == len(SIZES)  # each size its own base
 
 
-def test_a_later_size_links_the_data_an_earlier_size_prepared_instead_of_tokenizing_it_again(capacity):
-    first, second = (capacity / "sizes" / size for size in SIZES)
-    events = [json.loads(line) for line in (second / ".study" / "log.jsonl").read_text().splitlines()]
-    states = [json.loads((folder / ".study" / "state.json").read_text())["steps"] for folder in (first, second)]
+def test_each_corpus_the_sizes_share_is_tokenized_once_and_linked_into_the_other_size(capacity):
+    folders = [capacity / "sizes" / size for size in SIZES]
+    events = {f: [json.loads(line) for line in (f / ".study" / "log.jsonl").read_text().splitlines()] for f in folders}
+    states = {f: json.loads((f / ".study" / "state.json").read_text())["steps"] for f in folders}
     for name in ("corpus", "general"):
-        started = [e for e in events if e["step"] == f"prepare:{name}" and e["event"] == "start"]
-        assert [e.get("linked_from") for e in started] == [str((first / "data" / name).resolve())], started
-        assert states[1][f"prepare:{name}"]["output_hash"] == states[0][f"prepare:{name}"]["output_hash"]
-        assert states[1][f"prepare:{name}"]["key"] == states[0][f"prepare:{name}"]["key"]
-        theirs = {p.relative_to(first): p.stat().st_ino for p in (first / "data" / name).rglob("*") if p.is_file()}
-        mine = {p.relative_to(second): p.stat().st_ino for p in (second / "data" / name).rglob("*") if p.is_file()}
+        # the sizes ran at once: either driver may have claimed a corpus, and the other linked it
+        linked = {f: [e.get("linked_from") for e in events[f] if e["step"] == f"prepare:{name}" and e["event"] == "start"]
+                  for f in folders}
+        makers = [f for f in folders if linked[f] == [None]]
+        assert len(makers) == 1, linked
+        maker, other = makers[0], next(f for f in folders if f != makers[0])
+        assert linked[other] == [str((maker / "data" / name).resolve())], linked
+        assert states[other][f"prepare:{name}"]["output_hash"] == states[maker][f"prepare:{name}"]["output_hash"]
+        assert states[other][f"prepare:{name}"]["key"] == states[maker][f"prepare:{name}"]["key"]
+        theirs = {p.relative_to(maker): p.stat().st_ino for p in (maker / "data" / name).rglob("*") if p.is_file()}
+        mine = {p.relative_to(other): p.stat().st_ino for p in (other / "data" / name).rglob("*") if p.is_file()}
         assert mine == theirs  # the same files: tokenized and stored once
-    assert not (second / ".study" / "logs" / "prepare-corpus.log").exists()  # no prepare process ran there
+        assert not (other / ".study" / "logs" / f"prepare-{name}.log").exists()  # no prepare process ran there
 
 
 def test_a_prepare_another_size_finished_under_another_key_is_not_linked(tmp_path):
@@ -336,6 +381,11 @@ def test_drivers_of_different_sizes_run_at_once_into_one_out_tokenize_once_and_o
         # the 3x48 a second time is refused, naming the driver that runs it
         assert main(["study", str(study), "--out", str(out), "--size", "3x48"]) == 2
         assert f"pid {driver.pid} " in capsys.readouterr().err
+        # so is the whole study with its sizes at once, before the driver of any size starts
+        assert main(["study", str(study), "--out", str(out), "--jobs", "2"]) == 2
+        captured = capsys.readouterr()
+        assert f"size 3x48: {out / 'sizes' / '3x48'} is in use by pid {driver.pid} " in captured.err
+        assert "== size" not in captured.out
         # another size runs into the same OUT meanwhile, and writes the comparison
         assert main(["study", str(study), "--out", str(out), "--size", "3x32"]) == 0
         assert "0 steps run" in capsys.readouterr().out
@@ -353,6 +403,64 @@ def test_drivers_of_different_sizes_run_at_once_into_one_out_tokenize_once_and_o
     assert (mine / "data" / "general" / "manifest.json").stat().st_ino == \
         (other / "data" / "general" / "manifest.json").stat().st_ino
     assert not any((out / ".study" / "prepare").iterdir())  # every claim let go of
+
+
+def _training_processes(out: Path) -> dict[str, int]:
+    """size -> pid of the `detour train` running in OUT/sizes/SIZE/, from /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone
+            continue
+        argv = [a.decode(errors="replace") for a in argv]
+        if "detour.cli" in argv and "train" in argv:
+            for size in SIZES:
+                if any(a.startswith(str(out / "sizes" / size) + "/") for a in argv):
+                    found[size] = int(entry.name)
+    return found
+
+
+def test_sizes_at_once_share_the_cores_without_overlap_and_a_stop_stops_every_size(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = (tmp_path / "out").resolve()
+    sizes = yaml.safe_load(_study(tmp_path).read_text())["sizes"]
+    for size in sizes.values():
+        size["set"] += ["phases.0.tokens=50M"]  # bases that are still training when the study is stopped
+    study = _study(tmp_path, sizes=sizes)
+    log = tmp_path / "study.log"
+    with log.open("w") as sink:
+        driver = subprocess.Popen([sys.executable, "-m", "detour.cli", "study", str(study), "--out", str(out),
+                                   "--jobs", "2"], stdout=sink, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        end = time.time() + 300
+        while len(trainings := _training_processes(out)) < 2 or \
+                any(f"[{size}]     " not in log.read_text() for size in SIZES):
+            assert driver.poll() is None, log.read_text()
+            assert time.time() < end, log.read_text()
+            time.sleep(0.2)
+        cores = [set(os.sched_getaffinity(pid)) for pid in trainings.values()]
+        everything = set(os.sched_getaffinity(0))
+        if len(everything) > 1:  # each base on its own half of the cores
+            assert not cores[0] & cores[1] and cores[0] | cores[1] <= everything, cores
+        text = log.read_text()
+        assert "== size 3x32: a driver of its own with --jobs 1" in text and "[3x48] " in text
+    finally:
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(timeout=300)
+    text = log.read_text()
+    assert driver.returncode == 75, text  # stopped, to continue on the next run
+    assert "== size 3x32: stopped" in text and "== size 3x48: stopped" in text
+    for size in SIZES:
+        events = [json.loads(line) for line in (out / "sizes" / size / ".study" / "log.jsonl").read_text().splitlines()]
+        assert {"step": "base", "event": "stopped"}.items() <= events[-1].items(), events[-1]
+    assert not _training_processes(out)
 
 
 def test_size_plans_only_the_sizes_named_and_refuses_a_size_the_study_lacks(tmp_path, capsys, minilm):

@@ -102,7 +102,7 @@ def _command(step, res: StepResources) -> list[str]:
 
 # ---- local ----
 
-def _slices(items: list, n: int) -> list[list]:
+def slices(items: list, n: int) -> list[list]:
     """`items` cut into n nearly equal consecutive slices; with fewer items than slices, they are shared."""
     if not items:
         return [[] for _ in range(n)]
@@ -143,8 +143,8 @@ class LocalExecutor:
         self.finished: queue.Queue = queue.Queue()
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         gpus = visible_gpus() if jobs > 1 else []  # one at a time: the step sees the machine as before
-        self.cpu_slices = _slices(cores, jobs)
-        self.gpu_slices = _slices(gpus, jobs) if gpus else None
+        self.cpu_slices = slices(cores, jobs)
+        self.gpu_slices = slices(gpus, jobs) if gpus else None
         self.free = list(range(jobs))
 
     @property

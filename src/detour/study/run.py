@@ -442,19 +442,9 @@ def print_plan(spec: StudySpec, out: Path, steps: list[Step], options: Options |
         print(f"note: {busy}")
 
 
-def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None = None, sizes=None,
-              siblings: list[Path] = ()) -> int:
-    """Run (or plan) a study into `out`; `siblings`: the other sizes' folders of a study with sizes,
-    whose finished prepare steps of the same key are linked rather than run again."""
-    options = options or Options()
-    options.check()
-    if options.executor == "slurm":
-        check_partitions(spec.resources)
-    if spec.sizes is not None or sizes:  # one study per size, then the comparison across them
-        from detour.study.sizes import run_sizes
-        return run_sizes(spec, out, dry_run,
-                         lambda sub, folder, dry, siblings: run_study(sub, folder, dry, options, siblings=siblings),
-                         sizes)
+def checked_steps(spec: StudySpec, out: Path) -> list[Step]:
+    """The study's steps into `out`, once `out` and every input that exists before anything runs
+    (recipes, models, data not made by the study) have been checked: a bad one is an error here."""
     if out.exists() and not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / ".study").is_dir():
@@ -472,6 +462,24 @@ def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None
             # an arm that starts from the study's base is checked against the base's recipe until it exists
             preflight(step.stand_in or step.recipe, out / "arms" / step.name.split(":", 1)[1], data=not in_study,
                       parent=step.recipe.branch is None or not step.recipe.branch.run.startswith(str(out.resolve())))
+    return steps
+
+
+def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None = None, sizes=None,
+              siblings: list[Path] = (), study_file: Path | None = None) -> int:
+    """Run (or plan) a study into `out`; `siblings`: the other sizes' folders of a study with sizes,
+    whose finished prepare steps of the same key are linked rather than run again; `study_file`: the
+    file the study was read from, for the drivers of its sizes when they run at once."""
+    options = options or Options()
+    options.check()
+    if options.executor == "slurm":
+        check_partitions(spec.resources)
+    if spec.sizes is not None or sizes:  # one study per size, then the comparison across them
+        from detour.study.sizes import run_sizes
+        return run_sizes(spec, out, dry_run,
+                         lambda sub, folder, dry, siblings: run_study(sub, folder, dry, options, siblings=siblings),
+                         sizes, options=options, study_file=study_file, check_one=checked_steps)
+    steps = checked_steps(spec, out)
     if dry_run:
         print_plan(spec, out.resolve(), steps, options, siblings=[Path(s).resolve() for s in siblings])
         return 0
@@ -482,4 +490,5 @@ def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_study(load_study(args.study), Path(args.out), args.dry_run, executor_options(args), args.size)
+    return run_study(load_study(args.study), Path(args.out), args.dry_run, executor_options(args), args.size,
+                     study_file=Path(args.study))

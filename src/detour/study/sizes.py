@@ -4,7 +4,8 @@
 
 A study file with `sizes:` (and `base:`) is run once per size, as an ordinary study in
 OUT/sizes/NAME/ (its own steps, cache, report), whose base recipe gets the size's `set` overrides
-(its model.config) and whose arms get its `train_set`. When every size has finished, the capacity
+(its model.config) and whose arms get its `train_set`: one size after another, or, with `--jobs N`
+or on SLURM, all at once, a driver each (detour.study.sizes_at_once). When every size has finished, the capacity
 comparison across them is written to OUT/capacity.json, OUT/report.md and OUT/report.html
 (detour.report.capacity; `detour report OUT` rewrites it). A size that stops or fails stops the
 run: rerunning the same command keeps what finished, as any study does. The sizes prepare the same
@@ -138,11 +139,18 @@ def chosen_sizes(spec: StudySpec, only: list[str] | None) -> list[str]:
     return [s for s in spec.sizes if s in only]  # the study file's order
 
 
-def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str] | None = None) -> int:
+def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str] | None = None,
+              options=None, study_file: Path | None = None, check_one=None) -> int:
     """Run (or plan) each size's study with `run_one(spec, folder, dry_run)`, then the comparison;
-    with `only`, just those sizes."""
+    with `only`, just those sizes. With slots to share (--jobs N) or SLURM, and the study's file to
+    start them from, the sizes run at once, a driver each (detour.study.sizes_at_once), once
+    `check_one(spec, folder)` has checked every size's inputs."""
+    from detour.study.sizes_at_once import at_once, describe, run_sizes_at_once
+
     out = Path(out)
     chosen = chosen_sizes(spec, only)
+    together = study_file is not None and check_one is not None and options is not None and \
+        at_once(options, chosen)
     if out.exists() and not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / ".study").is_dir():
@@ -158,8 +166,16 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
             rc = run_one(sub, size_folder(out, size), True, [size_folder(out, s) for s in studies if s != size])
             if rc:
                 return rc
+        if together:
+            print(f"\n{describe(options, chosen)}")
         print(f"\nthen: the capacity comparison across sizes -> {out / 'report.md'}")
         return 0
+    if together:
+        for size in chosen:  # every size's inputs, and no size already running, before any driver starts
+            check_one(studies[size], size_folder(out, size))
+            if (running := holder(size_folder(out, size))) is not None:
+                raise DetourError(f"size {size}: {size_folder(out, size)} is in use by {running}; stop that driver "
+                                  "or leave this size out (--size)")
     (out / ".study").mkdir(parents=True, exist_ok=True)
     # OUT's own lock is held only while OUT's files are written. Each size is an ordinary study that
     # holds its own folder's lock for its whole run, so drivers of different sizes (one machine each,
@@ -167,6 +183,11 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
     with folder_lock(out, wait_s=60):  # the other sizes' drivers hold it a file's write at a time
         write_json(out / "study.json", {"schema": SIZES_SCHEMA, "name": spec.name, "description": spec.description,
                                         "sizes": {s: str(Path("sizes") / s) for s in studies}})
+    if together:
+        rc = run_sizes_at_once(Path(study_file).resolve(), out, options, chosen)
+        if rc:
+            return rc
+        chosen = []  # every size finished in its own driver
     for size in chosen:
         print(f"== size {size}: {size_folder(out, size)}", flush=True)
         # the data each size prepares alike is tokenized once: a later size links what an earlier one made
