@@ -440,8 +440,7 @@ def test_sizes_at_once_share_the_cores_without_overlap_and_a_stop_stops_every_si
                                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         end = time.time() + 300
-        while len(trainings := _training_processes(out)) < 2 or \
-                any(f"[{size}]     " not in log.read_text() for size in SIZES):
+        while len(trainings := _training_processes(out)) < 2:  # both bases at once
             assert driver.poll() is None, log.read_text()
             assert time.time() < end, log.read_text()
             time.sleep(0.2)
