@@ -485,6 +485,19 @@ def test_a_base_recipe_with_a_clm_phase_is_refused_naming_the_field(tmp_path, ca
     assert "base.recipe: phases.0 (mlm) is CLM" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags", [["--dry-run"], [], ["--jobs", "2"]])
+def test_a_size_its_architecture_cannot_build_is_refused_before_anything_runs_naming_the_size(
+        tmp_path, capsys, minilm, flags):
+    sizes = yaml.safe_load(_study(tmp_path).read_text())["sizes"]
+    sizes["3x48"]["set"][-1] = "model.config.num_attention_heads=5"  # 48 is not a multiple of 5
+    out = tmp_path / "out"
+    assert main(["study", str(_study(tmp_path, sizes=sizes)), "--out", str(out), *flags]) == 2
+    assert "size 3x48: model.config: The hidden size (48) is not a multiple of the number of attention heads (5)" \
+        in capsys.readouterr().err
+    # the size before it was not run either: every size is checked before any starts, one by one or at once
+    assert not (out / "sizes").exists()
+
+
 def test_sizes_without_a_base_are_refused(tmp_path, capsys, minilm):
     study = _study(tmp_path)
     spec = yaml.safe_load(study.read_text())

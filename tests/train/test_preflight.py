@@ -23,6 +23,8 @@ def _args(verb, synthetic_data, out, *sets):
 @pytest.mark.parametrize("sets,message", [
     (["model.config.num_hiden_layers=2"], "model.config: unknown key(s) for ModernBertConfig: num_hiden_layers "
                                           "(did you mean num_hidden_layers?)"),
+    (["model.config.num_attention_heads=5"], "model.config: The hidden size (32) is not a multiple of the number "
+                                             "of attention heads (5)"),
     (["phases.1.freeze.layers=abc"], "phases.1.freeze.layers (decay): 'abc' is not like"),
     (["phases.1.freeze.layers=2-5"], "phases.1.freeze.layers (decay): '2-5' is out of range for a model with 3 layers"),
     (["data.sources=[/nonexistent/corpus]"], "data.sources.0: /nonexistent/corpus: not a prepared corpus"),

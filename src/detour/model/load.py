@@ -26,7 +26,9 @@ arithmetic replaces with a third of the memory (`hf_attention`, `user_attention`
 from __future__ import annotations
 
 
+import functools
 import hashlib
+import json
 import logging
 import re
 from pathlib import Path
@@ -219,6 +221,23 @@ def config_special_ids(config) -> list[int]:
 # Read by model code from any config although a fresh config may not list them.
 _GENERIC_CONFIG_KEYS = {"is_decoder", "add_cross_attention", "tie_word_embeddings", "output_hidden_states",
                         "output_attentions", "return_dict", "use_cache", "dtype", "torch_dtype", "architectures"}
+
+
+def check_buildable(model_type: str, fields: dict, where: str = "model.config") -> None:
+    """A config the architecture cannot be built from (a hidden size that is not a multiple of the
+    heads, say) is an error before any data are read: the masked LM is built on the meta device,
+    with no weights and no memory, and the architecture's own complaint is passed on naming the field."""
+    _build_on_meta(model_type, json.dumps(fields, sort_keys=True, default=str), where)
+
+
+@functools.lru_cache(maxsize=16)  # a study checks each arm against the same base config
+def _build_on_meta(model_type: str, fields_json: str, where: str) -> None:
+    try:
+        hf_config = AutoConfig.for_model(model_type, **json.loads(fields_json))
+        with torch.device("meta"):
+            AutoModelForMaskedLM.from_config(hf_config)
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise DetourError(f"{where}: {exc}") from None
 
 
 def check_config_keys(model_type: str, fields: dict, where: str = "model.config") -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from detour.errors import DetourError
@@ -139,12 +139,21 @@ def chosen_sizes(spec: StudySpec, only: list[str] | None) -> list[str]:
     return [s for s in spec.sizes if s in only]  # the study file's order
 
 
+@contextmanager
+def naming(size: str):
+    """An error of one size's study says which size (its `sizes.SIZE.set` may be what is wrong)."""
+    try:
+        yield
+    except DetourError as exc:
+        raise DetourError(f"size {size}: {exc}") from None
+
+
 def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str] | None = None,
               options=None, study_file: Path | None = None, check_one=None) -> int:
     """Run (or plan) each size's study with `run_one(spec, folder, dry_run)`, then the comparison;
-    with `only`, just those sizes. With slots to share (--jobs N) or SLURM, and the study's file to
-    start them from, the sizes run at once, a driver each (detour.study.sizes_at_once), once
-    `check_one(spec, folder)` has checked every size's inputs."""
+    with `only`, just those sizes, once `check_one(spec, folder)` has checked every size's inputs.
+    With slots to share (--jobs N) or SLURM, and the study's file to start them from, the sizes run
+    at once, a driver each (detour.study.sizes_at_once)."""
     from detour.study.sizes_at_once import at_once, describe, run_sizes_at_once
 
     out = Path(out)
@@ -163,16 +172,18 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
         for size in chosen:
             sub = studies[size]
             print(f"\n== size {size}")
-            rc = run_one(sub, size_folder(out, size), True, [size_folder(out, s) for s in studies if s != size])
+            with naming(size):
+                rc = run_one(sub, size_folder(out, size), True, [size_folder(out, s) for s in studies if s != size])
             if rc:
                 return rc
         if together:
             print(f"\n{describe(options, chosen)}")
         print(f"\nthen: the capacity comparison across sizes -> {out / 'report.md'}")
         return 0
-    if together:
-        for size in chosen:  # every size's inputs, and no size already running, before any driver starts
-            check_one(studies[size], size_folder(out, size))
+    if check_one is not None:
+        for size in chosen:  # every size's inputs, and no size already running, before any size starts
+            with naming(size):
+                check_one(studies[size], size_folder(out, size))
             if (running := holder(size_folder(out, size))) is not None:
                 raise DetourError(f"size {size}: {size_folder(out, size)} is in use by {running}; stop that driver "
                                   "or leave this size out (--size)")
@@ -192,7 +203,8 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
         print(f"== size {size}: {size_folder(out, size)}", flush=True)
         # the data each size prepares alike is tokenized once: a later size links what an earlier one made
         siblings = [size_folder(out, s) for s in studies if s != size]
-        rc = run_one(studies[size], size_folder(out, size), False, siblings)
+        with naming(size):
+            rc = run_one(studies[size], size_folder(out, size), False, siblings)
         if rc:
             print(f"detour study: size {size} did not finish (exit {rc}); run the same command again to "
                   "continue (finished steps are kept)")

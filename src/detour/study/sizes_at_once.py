@@ -131,7 +131,7 @@ def run_sizes_at_once(study_file: Path, out: Path, options: Options, sizes: list
     with stop_signals_to(handler):
         first = shares(options, sizes)
         for size in list(waiting):
-            if size in first:
+            if size in first and not signalled:
                 waiting.remove(size)
                 start(size, first[size])
         while running:

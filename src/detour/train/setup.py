@@ -80,13 +80,14 @@ def model_depth(recipe: Recipe) -> int:
     """The encoder's number of layers, from its config alone (no weights loaded)."""
     from transformers import CONFIG_MAPPING
 
-    from detour.model.load import _check_type, check_config_keys, load_config
+    from detour.model.load import _check_type, check_buildable, check_config_keys, load_config
 
     spec = recipe.model
     if spec.config is not None:
         fields = dict(spec.config)
         model_type = _check_type(fields.pop("model_type", None), "model.config.model_type")
         check_config_keys(model_type, fields)
+        check_buildable(model_type, fields)
         return int(fields.get("num_hidden_layers", CONFIG_MAPPING[model_type]().num_hidden_layers))
     _, config = load_config(spec.source, what="model.source", trust_remote_code=spec.trust_remote_code)
     return int(config.num_hidden_layers)
