@@ -146,20 +146,17 @@ def run_sizes_at_once(study_file: Path, out: Path, options: Options, sizes: list
             while waiting and free and not signalled:
                 n = max(1, len(free) // len(waiting))  # the slots let go of, shared with the sizes still waiting
                 start(waiting.pop(0), n)
-    if signalled or waiting:
-        not_started = f"; not started: {', '.join(waiting)}" if waiting else ""
-        print(f"detour study: stopped{not_started}; run the same command again to continue (finished steps are "
-              "kept)", file=sys.stderr)
-        return RESUMABLE_EXIT
     failed = {s: rc for s, rc in ended.items() if rc not in (0, RESUMABLE_EXIT)}
+    for size, rc in failed.items():
+        print(f"detour study: size {size} did not finish (exit {rc}); its output is above and its steps' logs in "
+              f"{out / 'sizes' / size / '.study' / 'logs'}", file=sys.stderr)
+    stopped = [s for s, rc in ended.items() if rc == RESUMABLE_EXIT]
+    if failed or stopped or waiting:
+        print(f"detour study: {'stopped' if signalled else 'not finished'}"
+              + (f" (size {', '.join(stopped)} stopped)" if stopped else "")
+              + (f"; not started: {', '.join(waiting)}" if waiting else "")
+              + "; run the same command again to continue (finished steps are kept)", file=sys.stderr)
     if failed:
-        print(f"detour study: size {', '.join(failed)} did not finish (exit {', '.join(map(str, failed.values()))}); "
-              "its output is above and in OUT/sizes/SIZE/.study/logs; run the same command again to continue "
-              "(finished steps are kept)", file=sys.stderr)
-        return next(iter(failed.values()))
-    if RESUMABLE_EXIT in ended.values():
-        stopped = [s for s, rc in ended.items() if rc == RESUMABLE_EXIT]
-        print(f"detour study: size {', '.join(stopped)} stopped; run the same command again to continue",
-              file=sys.stderr)
-        return RESUMABLE_EXIT
-    return 0
+        rc = next(iter(failed.values()))
+        return rc if rc > 0 else 1  # a driver killed by a signal: a failure, not a negative exit status
+    return RESUMABLE_EXIT if stopped or waiting else 0
