@@ -5,10 +5,12 @@
 A study file with `sizes:` (and `base:`) is run once per size, as an ordinary study in
 OUT/sizes/NAME/ (its own steps, cache, report), whose base recipe gets the size's `set` overrides
 (its model.config) and whose arms get its `train_set`: one size after another, or, with `--jobs N`
-or on SLURM, all at once, a driver each (detour.study.sizes_at_once). When every size has finished, the capacity
-comparison across them is written to OUT/capacity.json, OUT/report.md and OUT/report.html
-(detour.report.capacity; `detour report OUT` rewrites it). A size that stops or fails stops the
-run: rerunning the same command keeps what finished, as any study does. The sizes prepare the same
+or on SLURM, all at once, a driver each (detour.study.sizes_at_once). Every size's inputs are
+checked before any size starts. When every size has finished, the capacity comparison across them
+is written to OUT/capacity.json, OUT/report.md and OUT/report.html (detour.report.capacity;
+`detour report OUT` rewrites it). One size after another, a size that stops or fails stops the
+run; at once, a size that fails stops no other. Rerunning the same command keeps what finished,
+as any study does. The sizes prepare the same
 data: a size links the prepared folders another size has finished with the same key, rather than
 tokenizing them again (link_prepared_elsewhere). Drivers of several sizes started at once tokenize
 each corpus once too: the first to reach a prepare step claims it (PrepareClaim, a lock in
