@@ -64,7 +64,8 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", choices=("local", "slurm"), default="local",
                         help="where steps run: this machine (default) or one SLURM job a step (docs/cluster.md)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N", help="steps at once: locally each gets "
-                        "1/N of the cores (or one GPU); default 1 locally, no limit on SLURM")
+                        "1/N of the cores (or one GPU); default 1 locally, no limit on SLURM. A study with sizes "
+                        "then runs them at once, the N shared between the sizes' drivers")
     parser.add_argument("--cancel-on-exit", action="store_true", help="with --executor slurm: scancel the study's "
                         "jobs when it is stopped (default: leave them to the cluster; a rerun reattaches)")
 
