@@ -150,8 +150,8 @@ def naming(size: str):
         raise DetourError(f"size {size}: {exc}") from None
 
 
-def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str] | None = None,
-              options=None, study_file: Path | None = None, check_one=None) -> int:
+def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str] | None, options, check_one,
+              study_file: Path | None = None) -> int:
     """Run (or plan) each size's study with `run_one(spec, folder, dry_run)`, then the comparison;
     with `only`, just those sizes, once `check_one(spec, folder)` has checked every size's inputs.
     With slots to share (--jobs N) or SLURM, and the study's file to start them from, the sizes run
@@ -160,8 +160,7 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
 
     out = Path(out)
     chosen = chosen_sizes(spec, only)
-    together = study_file is not None and check_one is not None and options is not None and \
-        at_once(options, chosen)
+    together = study_file is not None and at_once(options, chosen)
     if out.exists() and not out.is_dir():
         raise DetourError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / ".study").is_dir():
@@ -182,13 +181,12 @@ def run_sizes(spec: StudySpec, out: Path, dry_run: bool, run_one, only: list[str
             print(f"\n{describe(options, chosen)}")
         print(f"\nthen: the capacity comparison across sizes -> {out / 'report.md'}")
         return 0
-    if check_one is not None:
-        for size in chosen:  # every size's inputs, and no size already running, before any size starts
-            with naming(size):
-                check_one(studies[size], size_folder(out, size))
-            if (running := holder(size_folder(out, size))) is not None:
-                raise DetourError(f"size {size}: {size_folder(out, size)} is in use by {running}; stop that driver "
-                                  "or leave this size out (--size)")
+    for size in chosen:  # every size's inputs, and no size already running, before any size starts
+        with naming(size):
+            check_one(studies[size], size_folder(out, size))
+        if (running := holder(size_folder(out, size))) is not None:
+            raise DetourError(f"size {size}: {size_folder(out, size)} is in use by {running}; stop that driver "
+                              "or leave this size out (--size)")
     (out / ".study").mkdir(parents=True, exist_ok=True)
     # OUT's own lock is held only while OUT's files are written. Each size is an ordinary study that
     # holds its own folder's lock for its whole run, so drivers of different sizes (one machine each,

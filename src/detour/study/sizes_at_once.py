@@ -39,6 +39,11 @@ def at_once(options: Options, sizes: list[str]) -> bool:
     return len(sizes) > 1 and (options.executor == "slurm" or (options.jobs or 1) > 1)
 
 
+def _share(slots: int, sizes: int) -> int:
+    """A starting size's slots: those left, cut evenly over the sizes still to start (at least one)."""
+    return max(1, slots // sizes)
+
+
 def shares(options: Options, sizes: list[str]) -> dict[str, int | None]:
     """Each size's --jobs when all start together: the slots cut as evenly as they go, the later
     sizes (the larger ones, in a study file that lists them smallest first) the bigger shares.
@@ -49,7 +54,7 @@ def shares(options: Options, sizes: list[str]) -> dict[str, int | None]:
     starting = sizes[:total] if options.executor == "local" else sizes
     out, left = {}, total
     for i, size in enumerate(starting):
-        out[size] = max(1, left // (len(starting) - i))
+        out[size] = _share(left, len(starting) - i)
         left -= out[size]
     return out
 
@@ -144,8 +149,8 @@ def run_sizes_at_once(study_file: Path, out: Path, options: Options, sizes: list
                 how = "finished" if rc == 0 else "stopped" if rc == RESUMABLE_EXIT else f"failed (exit {rc})"
                 say(f"== size {driver.size}: {how}\n")
             while waiting and free and not signalled:
-                n = max(1, len(free) // len(waiting))  # the slots let go of, shared with the sizes still waiting
-                start(waiting.pop(0), n)
+                start(waiting[0], _share(len(free), len(waiting)))  # the slots let go of, over the sizes waiting
+                waiting.pop(0)
     failed = {s: rc for s, rc in ended.items() if rc not in (0, RESUMABLE_EXIT)}
     for size, rc in failed.items():
         print(f"detour study: size {size} did not finish (exit {rc}); its output is above and its steps' logs in "
