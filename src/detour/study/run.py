@@ -225,12 +225,14 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
             claim.release()
 
     def finish(step: Step, key: str, t0: float) -> None:
-        let_go(step.name)
         hashes[step.name] = output_hash(step.hash_of, state.content)
         state.steps[step.name] = {"key": key, "output_hash": hashes[step.name], "seconds": round(time.time() - t0, 1),
                                   "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         state.started.pop(step.name, None)
         state.save()
+        # a shared prepare's claim is let go of only once its record is saved: a size's driver that takes it
+        # next links this output instead of finding no record and tokenizing the corpus again
+        let_go(step.name)
         state.event(step.name, "done", seconds=round(time.time() - t0, 1))
         ran.append(step.name)
         if not strict:
@@ -479,7 +481,7 @@ def run_study(spec: StudySpec, out: Path, dry_run=False, options: Options | None
         from detour.study.sizes import run_sizes
         return run_sizes(spec, out, dry_run,
                          lambda sub, folder, dry, siblings: run_study(sub, folder, dry, options, siblings=siblings),
-                         sizes, options=options, study_file=study_file, check_one=checked_steps)
+                         sizes, options, checked_steps, study_file=study_file)
     steps = checked_steps(spec, out)
     if dry_run:
         print_plan(spec, out.resolve(), steps, options, siblings=[Path(s).resolve() for s in siblings])
