@@ -494,6 +494,38 @@ def test_a_stop_before_the_steps_process_exists_is_recorded_on_that_step(tmp_pat
                                                                     (first_action.name, "stopped")]
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_sigterm_as_a_steps_process_is_being_started_stops_the_study_at_once(tmp_path, monkeypatch, jobs):
+    from detour.study import run as study_run
+    from detour.study.executors import Options
+
+    study = _study(tmp_path)
+    spec = load_study(study)
+    out = (tmp_path / "out").resolve()
+    steps = build_steps(spec, out)
+    real = subprocess.Popen
+
+    def popen_with_a_stop_on_the_way(*args, **kwargs):
+        # the scheduler's SIGTERM lands after the step's start is recorded, before its process exists
+        monkeypatch.setattr(subprocess, "Popen", real)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    def hung(*_args):
+        raise AssertionError("the study waited on a step whose process was never started")
+
+    monkeypatch.setattr(subprocess, "Popen", popen_with_a_stop_on_the_way)
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)
+    try:
+        assert study_run.execute(spec, out, steps, Options(jobs=jobs)) == study_run.RESUMABLE_EXIT
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    events = [(e["step"], e["event"]) for e in _events(out)]
+    assert events == [(steps[0].name, "start"), (steps[0].name, "stopped")]
+    assert steps[0].name not in study_run.State(out).steps  # not recorded done: the rerun runs it
+
 def test_dry_run_estimates_each_task_for_its_own_epochs(tmp_path, capsys):
     from detour.eval.synthetic_ner import write_task
 

@@ -164,6 +164,10 @@ class LocalExecutor:
     def adopt(self, step, key) -> bool:
         return False  # a local step's process died with the study before it; it starts again
 
+    def holds(self, name: str) -> bool:
+        """Whether the step has a process of this executor's to wait for (the one-at-a-time path has none)."""
+        return name in self.running
+
     def start(self, step, key, log: Path) -> Outcome | None:
         res = self.resources.of(step.kind)
         if self.foreground and (res.tasks or 1) == 1:
@@ -302,6 +306,10 @@ class SlurmExecutor:
               flush=True)
         self.state.event(step.name, "reattached", job_id=job_id)
         return True
+
+    def holds(self, name: str) -> bool:
+        """Whether the step has a SLURM job of this study's."""
+        return name in self.running
 
     def _max(self, step) -> int:
         res = self.resources.of(step.kind)

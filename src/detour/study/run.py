@@ -42,7 +42,7 @@ from detour.lock import folder_lock
 from detour.stop import RESUMABLE_EXIT, die_with_parent, stop_signals_to
 from detour.study.design import write_design
 from detour.study.graph import BASE, SYNTHETIC_TASK, Step, build_steps, output_hash, step_key
-from detour.study.executors import Options, log_path, make_executor
+from detour.study.executors import Options, Outcome, log_path, make_executor
 from detour.study.slurm import check_partitions
 from detour.study.hashes import ContentHashes
 from detour.study.spec import StudySpec, load_study
@@ -354,6 +354,10 @@ def execute(spec: StudySpec, out: Path, steps: list[Step], options: Options | No
         """The study stops: SLURM jobs are left to the cluster (or cancelled); local steps save and end."""
         left = executor.leave()
         if not left:
+            for name in [n for n in running if not executor.holds(n)]:
+                # the stop came as its process was being started (or just after it ended): none to wait for,
+                # and a rerun runs the step again
+                ended(Outcome(name, "stopped", RESUMABLE_EXIT))
             while running:
                 for outcome in executor.wait(1.0):
                     ended(outcome)
