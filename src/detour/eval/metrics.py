@@ -14,7 +14,6 @@ as in conlleval). Macro F1 averages per-type F1 over the types present in gold o
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import accuracy_score, f1_score
 
 
 def spans_from_tags(tags: list[str]) -> set[tuple[int, int, str]]:
@@ -74,6 +73,9 @@ def span_scores(gold_tags: list[list[str]], pred_tags: list[list[str]]) -> dict[
 
 def classification_scores(gold: list[str], pred: list[str]) -> dict[str, float]:
     """Accuracy and micro/macro/weighted F1 (macro over the labels present in gold or predictions)."""
+    # here, not at the top: scikit-learn takes a second to import, and NER scoring never needs it
+    from sklearn.metrics import accuracy_score, f1_score
+
     kw = dict(zero_division=0)
     return {
         "accuracy": float(accuracy_score(gold, pred)),
@@ -87,6 +89,8 @@ def classification_scores(gold: list[str], pred: list[str]) -> dict[str, float]:
 def multilabel_scores(gold: np.ndarray, pred: np.ndarray) -> dict[str, float]:
     """Indicator matrices (n x labels). Macro F1 averages every label of the label set (a label
     never gold nor predicted scores 0, as in scikit-learn); accuracy is exact-set match."""
+    from sklearn.metrics import accuracy_score, f1_score
+
     gold, pred = np.asarray(gold, dtype=int), np.asarray(pred, dtype=int)
     kw = dict(zero_division=0)
     return {
