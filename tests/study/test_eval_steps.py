@@ -48,7 +48,7 @@ def test_each_arm_is_evaluated_after_its_own_training_and_the_gather_after_every
 
 
 def test_a_changed_arm_reruns_its_own_evaluation_and_the_gather_only(tmp_path):
-    from detour.study.run import State, plan
+    from detour.study.state import State, plan
 
     study = _all_arms(tmp_path)
     out = (tmp_path / "out").resolve()

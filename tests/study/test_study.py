@@ -21,6 +21,7 @@ from detour.cli import main
 from detour.errors import DetourError
 from detour.study.graph import build_steps
 from detour.study.spec import load_study
+from detour.study.state import State
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = REPO / "studies"
@@ -148,7 +149,7 @@ def test_killed_study_continues_without_redoing_finished_steps(tmp_path, minilm,
 
     # 5. a dry run now says every step is done
     steps = build_steps(load_study(study), out)
-    from detour.study.run import State, plan
+    from detour.study.state import State, plan
 
     assert set(plan(steps, out.resolve(), State(out)).values()) == {"done"}
 
@@ -259,7 +260,7 @@ def test_a_training_step_is_estimated_with_its_start_up(tmp_path, monkeypatch):
 
 
 def test_a_stale_step_and_its_downstream_are_shown_stale(tmp_path):
-    from detour.study.run import State, plan
+    from detour.study.state import State, plan
 
     study = _study(tmp_path)
     spec = load_study(study)
@@ -365,7 +366,8 @@ def test_shipped_studies_hold_out_documents_and_score_them_in_every_arm(tmp_path
 
 
 def test_prepare_with_validation_writes_the_split_and_a_new_amount_reruns_it(tmp_path):
-    from detour.study.run import State, execute, plan
+    from detour.study.run import execute
+    from detour.study.state import State, plan
 
     study = _study(tmp_path)
     spec = load_study(study)
@@ -420,7 +422,7 @@ def test_keys_ignore_where_the_study_folder_is(tmp_path):
 
 def test_a_corpus_copied_with_new_times_keeps_its_keys_but_new_content_does_not(tmp_path):
     from detour.study.graph import step_key
-    from detour.study.run import State, plan
+    from detour.study.state import State, plan
 
     corpus = tmp_path / "notes.txt"
     corpus.write_text("Patient seen for a cough.\nNo fever, chest clear.\n")
@@ -474,7 +476,7 @@ def test_a_stop_before_the_steps_process_exists_is_recorded_on_that_step(tmp_pat
     spec = load_study(study)
     out = (tmp_path / "out").resolve()
     steps = build_steps(spec, out)
-    state, hashes = study_run.State(out), {}
+    state, hashes = State(out), {}
     first_action = next(s for s in steps if s.argv is None and s.kind == "task")
     for step in steps[:steps.index(first_action)]:  # as if those had finished
         state.steps[step.name] = {"key": step_key(step, out, hashes, state.content), "output_hash": f"h-{step.name}"}
@@ -524,7 +526,7 @@ def test_a_sigterm_as_a_steps_process_is_being_started_stops_the_study_at_once(t
         signal.signal(signal.SIGALRM, previous)
     events = [(e["step"], e["event"]) for e in _events(out)]
     assert events == [(steps[0].name, "start"), (steps[0].name, "stopped")]
-    assert steps[0].name not in study_run.State(out).steps  # not recorded done: the rerun runs it
+    assert steps[0].name not in State(out).steps  # not recorded done: the rerun runs it
 
 def test_dry_run_estimates_each_task_for_its_own_epochs(tmp_path, capsys):
     from detour.eval.synthetic_ner import write_task
