@@ -263,6 +263,36 @@ def test_sigterm_stops_every_running_step_which_saves_and_the_study_exits_75(tmp
         assert list((out / "arms" / arm / "checkpoints").glob("step-*"))
 
 
+def test_a_sigterm_while_a_second_step_is_being_started_reaches_that_step_too(tmp_path, monkeypatch):
+    from detour.study.executors import Options
+    from detour.study.graph import build_steps
+    from detour.study.run import RESUMABLE_EXIT, execute
+    from detour.study.spec import load_study
+
+    long = [s for s in SETS if not s.startswith("phases.0.tokens")] + ["phases.0.tokens=96k"]
+    spec = load_study(small_study(tmp_path, eval=None, train={"recipe": str(REPO / "recipes" / "tiny-modernbert.yaml"),
+                                                             "data": ["corpus"], "set": long}))
+    out = (tmp_path / "out").resolve()
+    real = subprocess.Popen
+
+    def popen(command, *args, **kwargs):
+        if "train" in command and "baseline.json" in " ".join(command):
+            # the scheduler's SIGTERM lands while the detour runs and the baseline's process is being started
+            monkeypatch.setattr(subprocess, "Popen", real)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    t0 = time.time()
+    assert execute(spec, out, build_steps(spec, out), Options(jobs=2)) == RESUMABLE_EXIT
+    assert time.time() - t0 < 120
+    assert {e["step"] for e in _events(out) if e["event"] == "stopped"} == {"train:detour", "train:baseline"}
+    # the baseline was stopped, not left to train its 96k tokens to the end
+    assert not (out / "arms" / "baseline" / "model").exists()
+    assert "96,000/96,000" not in (out / ".study" / "logs" / "train-baseline.log").read_text()
+
+
 def test_a_training_step_of_two_tasks_runs_under_torchrun_locally_and_resumes_after_a_stop_from_outside(tmp_path):
     train = [s for s in SETS if not s.startswith(("batch.micro_batch", "phases.0.tokens"))] + [
         "batch.micro_batch=2", "phases.0.tokens=24k"]

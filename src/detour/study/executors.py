@@ -205,6 +205,8 @@ class LocalExecutor:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 env=env, start_new_session=True, preexec_fn=preexec)
         self.running[step.name] = _Running(proc, slot, log)
+        if self.signalled:  # the stop came while this process was being started, after it was passed on
+            proc.send_signal(self.signalled)
         threading.Thread(target=self._pump, args=(step.name, proc, log), daemon=True).start()
         return None
 
