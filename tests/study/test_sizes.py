@@ -468,6 +468,29 @@ def test_sizes_at_once_pin_each_driver_to_its_cores_a_failed_size_stops_no_other
     assert not (out / "report.md").exists()  # no comparison of a study that did not finish
 
 
+def test_a_sigterm_while_a_sizes_driver_is_being_started_stops_that_size_too(tmp_path, monkeypatch, capsys, minilm):
+    import os
+    import signal
+    import subprocess
+
+    real = subprocess.Popen
+
+    def popen(argv, *args, **kwargs):
+        if "--size" in argv and argv[argv.index("--size") + 1] == "3x48":
+            # the scheduler's SIGTERM lands while the 3x32's driver runs and the 3x48's is being started
+            monkeypatch.setattr(subprocess, "Popen", real)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    out = tmp_path / "out"
+    assert main(["study", str(_study(tmp_path)), "--out", str(out), "--jobs", "2"]) == 75
+    text = capsys.readouterr().out
+    # neither size went on with its study: each driver was stopped, whether or not it had its handler yet
+    assert "== size 3x32: stopped" in text and "== size 3x48: stopped" in text, text
+    assert not (out / "sizes" / "3x48" / "base" / "model").exists()
+
+
 def test_size_plans_only_the_sizes_named_and_refuses_a_size_the_study_lacks(tmp_path, capsys, minilm):
     study = _study(tmp_path)
     assert main(["study", str(study), "--out", str(tmp_path / "out"), "--dry-run", "--size", "3x48"]) == 0

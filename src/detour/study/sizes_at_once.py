@@ -24,6 +24,7 @@ the others, and the comparison across sizes is written when every size has finis
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -126,6 +127,8 @@ def run_sizes_at_once(study_file: Path, out: Path, options: Options, sizes: list
         thread = threading.Thread(target=pump, args=(size, proc.stdout), daemon=True)
         thread.start()
         running.append(_Driver(size, proc, mine, thread))
+        if signalled:  # the stop came while this driver was being started, after it was passed on
+            proc.send_signal(signalled[0])
 
     def handler(signum, _frame):
         signalled.append(signum)
@@ -145,7 +148,10 @@ def run_sizes_at_once(study_file: Path, out: Path, options: Options, sizes: list
                 driver.pump.join()
                 running.remove(driver)
                 free.extend(driver.slots)
-                rc = ended[driver.size] = driver.proc.returncode
+                rc = driver.proc.returncode
+                if signalled and -rc in (signal.SIGTERM, signal.SIGINT):  # our stop reached it before its handler
+                    rc = RESUMABLE_EXIT
+                ended[driver.size] = rc
                 how = "finished" if rc == 0 else "stopped" if rc == RESUMABLE_EXIT else f"failed (exit {rc})"
                 say(f"== size {driver.size}: {how}\n")
             while waiting and free and not signalled:
