@@ -21,6 +21,8 @@ import psutil
 import pytest
 import yaml
 
+from detour.study.executors import slices
+
 REPO = Path(__file__).resolve().parents[2]
 CORES = sorted(os.sched_getaffinity(0))
 # a tiny model and few tokens: each training step a few seconds, so two overlap plainly
@@ -83,7 +85,8 @@ def _steps_seen(proc: subprocess.Popen) -> dict[int, dict]:
                     continue
                 seen[child.pid] = {"argv": cmd[cmd.index("detour.cli") + 1:], "cores": child.cpu_affinity(),
                                    "omp": child.environ().get("OMP_NUM_THREADS"),
-                                   "mkl": child.environ().get("MKL_NUM_THREADS")}
+                                   "mkl": child.environ().get("MKL_NUM_THREADS"),
+                                   "gpus": child.environ().get("CUDA_VISIBLE_DEVICES")}
             except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
                 continue
         time.sleep(0.05)
@@ -100,9 +103,11 @@ def two_ways(tmp_path_factory):
     per_slice = len(CORES) // 2
     one = _study(study, root / "jobs1", threads=per_slice)
     assert one.returncode == 0, one.stdout + one.stderr
+    # two GPUs by name, as a scheduler sets them: each slot is handed one (the names match no device, so
+    # every step still runs on the CPU, as the --jobs 1 run did)
     proc = subprocess.Popen([sys.executable, "-m", "detour.cli", "study", str(study), "--out", str(root / "jobs2"),
                              "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_env(len(CORES)))
+                            env={**_env(len(CORES)), "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"})
     seen = _steps_seen(proc)
     output = proc.stdout.read()
     assert proc.wait() == 0, output
@@ -153,8 +158,12 @@ def test_each_step_gets_its_slice_of_the_cores_and_threads(two_ways):
     assert len(trains) == 2, two_ways["seen"]
     for s in two_ways["seen"].values():
         assert len(s["cores"]) == two_ways["per_slice"] and s["omp"] == per_slice and s["mkl"] == per_slice, s
-    # the two arms ran at once, so on different slices
+    # the two arms ran at once, so on different slices, each with its slice's GPU
     assert set(trains[0]["cores"]).isdisjoint(trains[1]["cores"])
+    first_half = set(slices(CORES, 2)[0])
+    for s in two_ways["seen"].values():
+        assert s["gpus"] == ("GPU-a" if set(s["cores"]) == first_half else "GPU-b"), s
+    assert {t["gpus"] for t in trains} == {"GPU-a", "GPU-b"}
     evals = [s for s in two_ways["seen"].values() if s["argv"][0] == "eval"]
     assert evals and evals[0]["argv"][-2:] == ["--threads", per_slice]
 

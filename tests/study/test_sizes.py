@@ -429,6 +429,8 @@ def test_sizes_at_once_pin_each_driver_to_its_cores_a_failed_size_stops_no_other
     import sys
     import time
 
+    import psutil
+
     from detour.study.executors import slices
 
     out = (tmp_path / "out").resolve()
@@ -442,7 +444,8 @@ def test_sizes_at_once_pin_each_driver_to_its_cores_a_failed_size_stops_no_other
     with log.open("w") as sink:
         driver = subprocess.Popen([sys.executable, "-m", "detour.cli", "study", str(study), "--out", str(out),
                                    "--jobs", "2"], stdout=sink, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                                  # two GPUs by name, as a scheduler sets them (matching no device: the CPU runs)
+                                  env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"})
     try:
         end = time.time() + 300
         # the 3x32's base trains on after the 3x48 failed
@@ -453,6 +456,7 @@ def test_sizes_at_once_pin_each_driver_to_its_cores_a_failed_size_stops_no_other
         assert driver.poll() is None and "3x32" in _training_processes(out)
         # pinned to the cores of its driver's slot (the machine cut in two), not all of them
         assert os.sched_getaffinity(trainings["3x32"]) == set(slices(sorted(os.sched_getaffinity(0)), 2)[0])
+        assert psutil.Process(trainings["3x32"]).environ()["CUDA_VISIBLE_DEVICES"] == "GPU-a"  # and its slot's GPU
         assert "== size 3x32: a driver of its own with --jobs 1" in log.read_text()
     finally:
         driver.send_signal(signal.SIGTERM)
