@@ -221,3 +221,25 @@ def small_filesystem_of(tmp_path):
     yield make
     for mount in reversed(mounted):
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def sigterm_while_starting(monkeypatch):
+    """`sigterm_while_starting(matches)`: the next process started whose argv `matches` is preceded by a
+    SIGTERM to this process, as a scheduler's stop lands while a step or driver is being started; the
+    process itself starts as it would have. Once only."""
+    import signal
+    import subprocess
+
+    real = subprocess.Popen
+
+    def arm(matches=lambda argv: True):
+        def popen(argv, *args, **kwargs):
+            if matches(argv):
+                monkeypatch.setattr(subprocess, "Popen", real)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return real(argv, *args, **kwargs)
+
+        monkeypatch.setattr(subprocess, "Popen", popen)
+
+    return arm

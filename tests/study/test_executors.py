@@ -272,7 +272,8 @@ def test_sigterm_stops_every_running_step_which_saves_and_the_study_exits_75(tmp
         assert list((out / "arms" / arm / "checkpoints").glob("step-*"))
 
 
-def test_a_sigterm_while_a_second_step_is_being_started_reaches_that_step_too(tmp_path, monkeypatch):
+def test_a_sigterm_while_a_second_step_is_being_started_reaches_that_step_too(tmp_path, monkeypatch,
+                                                                            sigterm_while_starting):
     from detour.study.executors import Options
     from detour.study.graph import build_steps
     from detour.study.run import RESUMABLE_EXIT, execute
@@ -282,16 +283,8 @@ def test_a_sigterm_while_a_second_step_is_being_started_reaches_that_step_too(tm
     spec = load_study(small_study(tmp_path, eval=None, train={"recipe": str(REPO / "recipes" / "tiny-modernbert.yaml"),
                                                              "data": ["corpus"], "set": long}))
     out = (tmp_path / "out").resolve()
-    real = subprocess.Popen
-
-    def popen(command, *args, **kwargs):
-        if "train" in command and "baseline.json" in " ".join(command):
-            # the scheduler's SIGTERM lands while the detour runs and the baseline's process is being started
-            monkeypatch.setattr(subprocess, "Popen", real)
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(command, *args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", popen)
+    # while the detour runs and the baseline's process is being started
+    sigterm_while_starting(lambda argv: "train" in argv and "baseline.json" in " ".join(argv))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     t0 = time.time()
     assert execute(spec, out, build_steps(spec, out), Options(jobs=2)) == RESUMABLE_EXIT

@@ -472,21 +472,10 @@ def test_sizes_at_once_pin_each_driver_to_its_cores_a_failed_size_stops_no_other
     assert not (out / "report.md").exists()  # no comparison of a study that did not finish
 
 
-def test_a_sigterm_while_a_sizes_driver_is_being_started_stops_that_size_too(tmp_path, monkeypatch, capsys, minilm):
-    import os
-    import signal
-    import subprocess
-
-    real = subprocess.Popen
-
-    def popen(argv, *args, **kwargs):
-        if "--size" in argv and argv[argv.index("--size") + 1] == "3x48":
-            # the scheduler's SIGTERM lands while the 3x32's driver runs and the 3x48's is being started
-            monkeypatch.setattr(subprocess, "Popen", real)
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(argv, *args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", popen)
+def test_a_sigterm_while_a_sizes_driver_is_being_started_stops_that_size_too(tmp_path, sigterm_while_starting, capsys,
+                                                                             minilm):
+    # while the 3x32's driver runs and the 3x48's is being started
+    sigterm_while_starting(lambda argv: "--size" in argv and argv[argv.index("--size") + 1] == "3x48")
     out = tmp_path / "out"
     assert main(["study", str(_study(tmp_path)), "--out", str(out), "--jobs", "2"]) == 75
     text = capsys.readouterr().out

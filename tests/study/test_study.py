@@ -497,7 +497,8 @@ def test_a_stop_before_the_steps_process_exists_is_recorded_on_that_step(tmp_pat
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_a_sigterm_as_a_steps_process_is_being_started_stops_the_study_at_once(tmp_path, monkeypatch, jobs):
+def test_a_sigterm_as_a_steps_process_is_being_started_stops_the_study_at_once(tmp_path, sigterm_while_starting,
+                                                                               jobs):
     from detour.study import run as study_run
     from detour.study.executors import Options
 
@@ -505,18 +506,11 @@ def test_a_sigterm_as_a_steps_process_is_being_started_stops_the_study_at_once(t
     spec = load_study(study)
     out = (tmp_path / "out").resolve()
     steps = build_steps(spec, out)
-    real = subprocess.Popen
-
-    def popen_with_a_stop_on_the_way(*args, **kwargs):
-        # the scheduler's SIGTERM lands after the step's start is recorded, before its process exists
-        monkeypatch.setattr(subprocess, "Popen", real)
-        os.kill(os.getpid(), signal.SIGTERM)
-        return real(*args, **kwargs)
 
     def hung(*_args):
         raise AssertionError("the study waited on a step whose process was never started")
 
-    monkeypatch.setattr(subprocess, "Popen", popen_with_a_stop_on_the_way)
+    sigterm_while_starting()  # after the first step's start is recorded, before its process exists
     previous = signal.signal(signal.SIGALRM, hung)
     signal.alarm(30)
     try:
